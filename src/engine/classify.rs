@@ -1,0 +1,173 @@
+//! The one place that decides what a transaction error means.
+//!
+//! [`classify`] is a pure function of [`ErrorTraits`], which [`traits_of`] reads off a client
+//! error, so every branch is unit-tested without a broker. The three outcomes follow Kafka
+//! Streams and librdkafka's own flags (`is_retriable`, `txn_requires_abort`, `is_fatal`).
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// What the transaction owner does about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnAction {
+    /// Call the same operation again (after a capped backoff).
+    Retry,
+    /// Abort the transaction, seek every assigned partition back to its committed offset and
+    /// carry on: nothing of the aborted transaction is visible to read_committed readers.
+    AbortAndRewind,
+    /// The producer is unusable (fenced by a newer instance with the same transactional.id,
+    /// or a fatal idempotence error): rebuild it once, exit if it happens again.
+    Fatal,
+}
+
+/// What an error says about itself, stripped of client types.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ErrorTraits {
+    /// The producer instance can no longer be used.
+    pub fatal: bool,
+    /// Another producer with the same transactional.id (or group.instance.id) took over.
+    pub fenced: bool,
+    /// The transaction cannot commit and must be aborted.
+    pub requires_abort: bool,
+    /// The same call may succeed if made again.
+    pub retriable: bool,
+}
+
+/// Decides what to do; fatal wins over abort, abort over retry. An error that says nothing
+/// of itself aborts: the safe choice, since an abort loses nothing.
+pub fn classify(traits: ErrorTraits) -> TxnAction {
+    if traits.fatal || traits.fenced {
+        TxnAction::Fatal
+    } else if traits.requires_abort {
+        TxnAction::AbortAndRewind
+    } else if traits.retriable {
+        TxnAction::Retry
+    } else {
+        TxnAction::AbortAndRewind
+    }
+}
+
+/// Error codes that mean another instance owns our identity now.
+pub fn is_fencing_code(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::FencedInstanceId
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+    )
+}
+
+/// Reads the traits of a client error. `producer_fatal` is whether the producer itself
+/// reports a fatal error (`rd_kafka_fatal_error`), which can stand behind any other error.
+pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
+    match err {
+        KafkaError::Transaction(e) => ErrorTraits {
+            fatal: producer_fatal || e.is_fatal(),
+            fenced: is_fencing_code(e.code()),
+            requires_abort: e.txn_requires_abort(),
+            retriable: e.is_retriable(),
+        },
+        other => {
+            let code = other.rdkafka_error_code();
+            ErrorTraits {
+                fatal: producer_fatal || code == Some(RDKafkaErrorCode::Fatal),
+                fenced: code.is_some_and(is_fencing_code),
+                // A failed delivery, a flush that timed out, a missing group metadata: the
+                // transaction cannot be committed as it is.
+                requires_abort: true,
+                retriable: false,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(fatal: bool, fenced: bool, requires_abort: bool, retriable: bool) -> ErrorTraits {
+        ErrorTraits {
+            fatal,
+            fenced,
+            requires_abort,
+            retriable,
+        }
+    }
+
+    #[test]
+    fn every_combination_of_traits_has_the_expected_action() {
+        use TxnAction::*;
+        for bits in 0u8..16 {
+            let traits = t(bits & 1 != 0, bits & 2 != 0, bits & 4 != 0, bits & 8 != 0);
+            let expected = if traits.fatal || traits.fenced {
+                Fatal
+            } else if traits.requires_abort || !traits.retriable {
+                AbortAndRewind
+            } else {
+                Retry
+            };
+            assert_eq!(classify(traits), expected, "{traits:?}");
+        }
+    }
+
+    #[test]
+    fn fatal_beats_abort_and_retry() {
+        assert_eq!(classify(t(true, false, true, true)), TxnAction::Fatal);
+    }
+
+    #[test]
+    fn fenced_without_fatal_flag_is_still_fatal() {
+        assert_eq!(classify(t(false, true, false, true)), TxnAction::Fatal);
+    }
+
+    #[test]
+    fn abort_beats_retry() {
+        assert_eq!(
+            classify(t(false, false, true, true)),
+            TxnAction::AbortAndRewind
+        );
+    }
+
+    #[test]
+    fn retriable_alone_retries() {
+        assert_eq!(classify(t(false, false, false, true)), TxnAction::Retry);
+    }
+
+    #[test]
+    fn an_error_that_says_nothing_aborts() {
+        assert_eq!(classify(ErrorTraits::default()), TxnAction::AbortAndRewind);
+    }
+
+    #[test]
+    fn delivery_failure_aborts() {
+        let err = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        assert_eq!(classify(traits_of(&err, false)), TxnAction::AbortAndRewind);
+    }
+
+    #[test]
+    fn delivery_failure_on_a_fatally_failed_producer_is_fatal() {
+        let err = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        assert_eq!(classify(traits_of(&err, true)), TxnAction::Fatal);
+    }
+
+    #[test]
+    fn fencing_codes_are_fatal_whatever_wraps_them() {
+        for code in [
+            RDKafkaErrorCode::ProducerFenced,
+            RDKafkaErrorCode::Fenced,
+            RDKafkaErrorCode::InvalidProducerEpoch,
+            RDKafkaErrorCode::FencedInstanceId,
+        ] {
+            let err = KafkaError::MessageProduction(code);
+            assert_eq!(
+                classify(traits_of(&err, false)),
+                TxnAction::Fatal,
+                "{code:?}"
+            );
+        }
+        assert!(!is_fencing_code(
+            RDKafkaErrorCode::CoordinatorLoadInProgress
+        ));
+    }
+}

@@ -1,0 +1,131 @@
+//! Kafka client settings of a job, built in one place. The settings exactly-once depends on
+//! are set here last, so nothing from a topology can change them (validation refuses them too).
+
+use std::collections::BTreeMap;
+
+use rdkafka::ClientConfig;
+
+use crate::topology::Topology;
+
+/// Who this process is: the same topology and instance id after a restart means the same
+/// transactional.id, so the restarted producer fences its previous incarnation.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub bootstrap_servers: String,
+    pub instance_id: String,
+}
+
+/// The stable transactional.id of one instance of a topology.
+pub fn transactional_id(topology: &Topology, instance_id: &str) -> String {
+    format!("onceflow.{}.{}", topology.name, instance_id)
+}
+
+fn apply(config: &mut ClientConfig, settings: &BTreeMap<String, String>) {
+    for (key, value) in settings {
+        config.set(key, value);
+    }
+}
+
+/// The consumer: read_committed, no auto-commit, cooperative-sticky assignment.
+///
+/// cooperative-sticky moves only the partitions that must move on a rebalance, so the other
+/// partitions keep flowing and their open transaction is committed, not thrown away.
+pub fn consumer_config(topology: &Topology, id: &Identity) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "session.timeout.ms",
+            topology.runtime.session_timeout_ms.to_string(),
+        );
+    apply(&mut c, &topology.kafka.common);
+    apply(&mut c, &topology.kafka.consumer);
+    c.set("bootstrap.servers", &id.bootstrap_servers)
+        .set("group.id", topology.group_id())
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false");
+    if topology.runtime.static_membership {
+        c.set("group.instance.id", &id.instance_id);
+    }
+    c
+}
+
+/// The transactional producer, with its stable transactional.id.
+pub fn producer_config(topology: &Topology, id: &Identity) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("linger.ms", "5");
+    apply(&mut c, &topology.kafka.common);
+    apply(&mut c, &topology.kafka.producer);
+    c.set("bootstrap.servers", &id.bootstrap_servers)
+        .set(
+            "transactional.id",
+            transactional_id(topology, &id.instance_id),
+        )
+        .set("enable.idempotence", "true")
+        .set(
+            "transaction.timeout.ms",
+            topology.runtime.transaction_timeout_ms.to_string(),
+        );
+    c
+}
+
+/// The default instance id: the host name, which is stable for a StatefulSet pod or a VM.
+pub fn default_instance_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "default".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(extra: &str) -> Topology {
+        let text =
+            format!("name: orders\ninputs: [{{topic: in}}]\noutputs: [{{topic: out}}]\n{extra}");
+        serde_saphyr::from_str(&text).unwrap()
+    }
+
+    fn id() -> Identity {
+        Identity {
+            bootstrap_servers: "b:9092".into(),
+            instance_id: "pod-0".into(),
+        }
+    }
+
+    #[test]
+    fn transactional_id_is_stable_per_topology_and_instance() {
+        assert_eq!(
+            transactional_id(&topology(""), "pod-0"),
+            "onceflow.orders.pod-0"
+        );
+    }
+
+    #[test]
+    fn exactly_once_settings_win_over_user_settings() {
+        // Validation refuses these; even a topology that skipped it cannot change them.
+        let t = topology(
+            "kafka: {common: {isolation.level: read_uncommitted}, consumer: {enable.auto.commit: 'true'}, producer: {transactional.id: x, linger.ms: '20'}}\n",
+        );
+        let c = consumer_config(&t, &id());
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("group.id"), Some("onceflow.orders"));
+        assert_eq!(c.get("group.instance.id"), Some("pod-0"));
+        let p = producer_config(&t, &id());
+        assert_eq!(p.get("transactional.id"), Some("onceflow.orders.pod-0"));
+        assert_eq!(p.get("linger.ms"), Some("20"));
+        assert_eq!(p.get("transaction.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn static_membership_can_be_turned_off() {
+        let t = topology("runtime: {static_membership: false}\n");
+        assert_eq!(consumer_config(&t, &id()).get("group.instance.id"), None);
+    }
+}

@@ -1,0 +1,480 @@
+//! The owner of transaction state. No other file calls `begin_transaction`,
+//! `send_offsets_to_transaction`, `commit_transaction` or `abort_transaction`.
+//!
+//! A transaction begins lazily with the first consumed record, collects the produced records
+//! and the consumed offsets, and commits when it is due (time, records or bytes). Every
+//! error goes through [`classify`]: retry the same call, abort and rewind, or rebuild the
+//! producer once.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+
+use super::EngineError;
+use super::classify::{TxnAction, classify, traits_of};
+use super::offsets::TxnOffsets;
+use crate::telemetry;
+use crate::transform::Record;
+
+/// When a transaction is due, and how long client calls may take.
+#[derive(Debug, Clone)]
+pub struct TxnSettings {
+    pub commit_interval: Duration,
+    pub max_records: u64,
+    pub max_bytes: u64,
+    /// Upper bound of one transactional call, retries included.
+    pub operation_timeout: Duration,
+    /// Test-only failpoint: abort every n-th transaction instead of committing it.
+    pub abort_every: Option<u64>,
+}
+
+/// Totals since the job started, counting committed work only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxnStats {
+    pub committed: u64,
+    pub aborted: u64,
+    pub records_committed: u64,
+    pub outputs_committed: u64,
+    pub producer_rebuilds: u64,
+}
+
+/// What became of a commit request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// Nothing was open.
+    Nothing,
+    /// The transaction committed.
+    Done,
+    /// The transaction was aborted and the partitions rewound.
+    Aborted,
+}
+
+/// Whether a record was added to the open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Added {
+    Yes,
+    /// The transaction was aborted and rewound: drop the rest of what was polled.
+    Aborted,
+}
+
+/// Collects delivery failures of the producer, so a commit never goes through after a
+/// record of its transaction failed.
+#[derive(Default)]
+pub struct DeliveryTracker {
+    failed: AtomicBool,
+    first_error: Mutex<Option<KafkaError>>,
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {
+        if let Err((err, _)) = result {
+            self.failed.store(true, Ordering::Release);
+            let mut first = lock(&self.first_error);
+            if first.is_none() {
+                *first = Some(err.clone());
+            }
+        }
+    }
+}
+
+impl DeliveryTracker {
+    fn take_error(&self) -> Option<KafkaError> {
+        if self.failed.swap(false, Ordering::AcqRel) {
+            lock(&self.first_error).take()
+        } else {
+            None
+        }
+    }
+}
+
+/// Locks a mutex; a poisoned one means a panic elsewhere already ended the job's thread, and
+/// the data it guards (counters, an error) stays meaningful.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+type TxnProducer = BaseProducer<DeliveryTracker>;
+
+/// The transaction owner.
+pub struct Txn {
+    producer: TxnProducer,
+    config: ClientConfig,
+    settings: TxnSettings,
+    open: bool,
+    opened_at: Instant,
+    offsets: TxnOffsets,
+    records: u64,
+    outputs: u64,
+    bytes: u64,
+    rebuilt: bool,
+    attempts: u64,
+    stats: TxnStats,
+}
+
+impl Txn {
+    /// Creates the producer and registers its transactional.id with the coordinator, which
+    /// fences any older producer with the same id and aborts its open transaction.
+    pub fn new(config: ClientConfig, settings: TxnSettings) -> Result<Txn, EngineError> {
+        let producer = create_producer(&config, settings.operation_timeout)?;
+        Ok(Txn {
+            producer,
+            config,
+            settings,
+            open: false,
+            opened_at: Instant::now(),
+            offsets: TxnOffsets::default(),
+            records: 0,
+            outputs: 0,
+            bytes: 0,
+            rebuilt: false,
+            attempts: 0,
+            stats: TxnStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> TxnStats {
+        self.stats
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Time until the open transaction is due, or `None` when nothing is open.
+    pub fn due_in(&self, now: Instant) -> Option<Duration> {
+        self.open.then(|| {
+            (self.opened_at + self.settings.commit_interval).saturating_duration_since(now)
+        })
+    }
+
+    /// Whether the open transaction should commit now.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.open
+            && (self.records >= self.settings.max_records
+                || self.bytes >= self.settings.max_bytes
+                || now >= self.opened_at + self.settings.commit_interval)
+    }
+
+    /// Serves delivery reports. Call it regularly.
+    pub fn poll(&self) {
+        self.producer.poll(Duration::ZERO);
+    }
+
+    /// Adds one consumed record and what the pipeline made of it to the open transaction.
+    pub fn add<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        source: &Record,
+        outputs: &[(&str, Record)],
+    ) -> Result<Added, EngineError> {
+        if !self.open {
+            if let Err(err) = self.producer.begin_transaction() {
+                self.fail(consumer, err, "begin")?;
+                return Ok(Added::Aborted);
+            }
+            self.open = true;
+            self.opened_at = Instant::now();
+        }
+        for (topic, rec) in outputs {
+            if let Err(err) = self.send(topic, rec) {
+                self.fail(consumer, err, "produce")?;
+                return Ok(Added::Aborted);
+            }
+            self.outputs += 1;
+        }
+        let origin = &source.origin;
+        self.offsets
+            .record(&origin.topic, origin.partition, origin.offset);
+        self.records += 1;
+        Ok(Added::Yes)
+    }
+
+    fn send(&mut self, topic: &str, rec: &Record) -> KafkaResult<()> {
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (key, value) in &rec.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).headers(headers);
+        if let Some(key) = &rec.key {
+            record = record.key(key);
+        }
+        if let Some(value) = &rec.value {
+            record = record.payload(value);
+        }
+        if let Some(ts) = rec.timestamp {
+            record = record.timestamp(ts);
+        }
+        self.bytes +=
+            (rec.key.as_ref().map_or(0, Vec::len) + rec.value.as_ref().map_or(0, Vec::len)) as u64;
+        let deadline = Instant::now() + self.settings.operation_timeout;
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    // The local queue is full: serve delivery reports to make room.
+                    record = back;
+                    self.producer.poll(Duration::from_millis(1));
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
+    }
+
+    /// Commits the open transaction with the consumed offsets, or aborts and rewinds it when
+    /// it cannot commit.
+    pub fn commit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Committed, EngineError> {
+        if !self.open {
+            return Ok(Committed::Nothing);
+        }
+        self.attempts += 1;
+        if self
+            .settings
+            .abort_every
+            .is_some_and(|n| n > 0 && self.attempts % n == 0)
+        {
+            self.abort_and_rewind(consumer, "failpoint: abort_every")?;
+            return Ok(Committed::Aborted);
+        }
+        let started = Instant::now();
+        match self.try_commit(consumer) {
+            Ok(()) => {
+                self.stats.committed += 1;
+                self.stats.records_committed += self.records;
+                self.stats.outputs_committed += self.outputs;
+                telemetry::txn_committed(self.records, self.outputs, started.elapsed());
+                self.reset();
+                Ok(Committed::Done)
+            }
+            Err(err) => {
+                self.fail(consumer, err, "commit")?;
+                Ok(Committed::Aborted)
+            }
+        }
+    }
+
+    fn try_commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> KafkaResult<()> {
+        // Wait for every delivery first: a failed record must fail the transaction, and
+        // commit_transaction's own flush sleeps 100 ms whenever anything is in flight.
+        self.drain()?;
+        if let Some(err) = self.producer.context().take_error() {
+            return Err(err);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition, next) in self.offsets.to_commit() {
+            tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
+        }
+        let metadata = consumer
+            .group_metadata()
+            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
+        let timeout = self.settings.operation_timeout;
+        self.retrying("send_offsets_to_transaction", |p| {
+            p.send_offsets_to_transaction(&tpl, &metadata, timeout)
+        })?;
+        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))
+    }
+
+    /// Serves delivery reports until nothing is in flight or the operation timeout passes.
+    fn drain(&self) -> KafkaResult<()> {
+        let deadline = Instant::now() + self.settings.operation_timeout;
+        while self.producer.in_flight_count() > 0 {
+            if Instant::now() >= deadline {
+                return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+            }
+            self.producer.poll(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Calls `op` again while the error is retriable, with a capped exponential backoff,
+    /// until the operation timeout passes.
+    fn retrying<T>(
+        &self,
+        operation: &str,
+        mut op: impl FnMut(&TxnProducer) -> KafkaResult<T>,
+    ) -> KafkaResult<T> {
+        let deadline = Instant::now() + self.settings.operation_timeout;
+        let mut backoff = Duration::from_millis(10);
+        let mut attempt = 0;
+        loop {
+            match op(&self.producer) {
+                Ok(v) => return Ok(v),
+                Err(err) => {
+                    attempt += 1;
+                    let retry = classify(traits_of(&err, self.producer_fatal()))
+                        == TxnAction::Retry
+                        && Instant::now() + backoff < deadline;
+                    if !retry {
+                        return Err(err);
+                    }
+                    telemetry::txn_retry(operation, attempt, &err);
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    fn producer_fatal(&self) -> bool {
+        self.producer.client().fatal_error().is_some()
+    }
+
+    /// Applies the classifier's decision to an error of the open transaction.
+    fn fail<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        err: KafkaError,
+        stage: &str,
+    ) -> Result<(), EngineError> {
+        match classify(traits_of(&err, self.producer_fatal())) {
+            TxnAction::Retry | TxnAction::AbortAndRewind => {
+                self.abort_and_rewind(consumer, &format!("{stage} failed: {err}"))
+            }
+            TxnAction::Fatal => self.rebuild(consumer, err),
+        }
+    }
+
+    /// Aborts the open transaction (nothing of it becomes visible) and rewinds the consumer.
+    pub fn abort_and_rewind<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        reason: &str,
+    ) -> Result<(), EngineError> {
+        if self.open {
+            // abort_transaction waits for the queue to empty, but on this producer only our
+            // polling serves delivery reports: let in-flight records finish first. Purging
+            // them instead races with librdkafka's own registration of their partitions
+            // (the broker then refuses the abort with INVALID_TXN_STATE).
+            if self.drain().is_err() {
+                self.producer
+                    .purge(rdkafka::producer::PurgeConfig::default().queue());
+                let _ = self.drain();
+            }
+            let _ = self.producer.context().take_error();
+            let timeout = self.settings.operation_timeout;
+            if let Err(err) = self.retrying("abort_transaction", |p| p.abort_transaction(timeout)) {
+                return self.rebuild(consumer, err);
+            }
+            self.stats.aborted += 1;
+            telemetry::txn_aborted(reason, self.records);
+        }
+        self.rewind(consumer)?;
+        self.reset();
+        Ok(())
+    }
+
+    /// Replaces a producer that failed fatally, once in the life of the process: the new
+    /// producer's init_transactions aborts whatever the old one left open.
+    fn rebuild<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        err: KafkaError,
+    ) -> Result<(), EngineError> {
+        if self.rebuilt {
+            return Err(EngineError::Fatal(format!(
+                "producer failed fatally again after being rebuilt: {err}"
+            )));
+        }
+        self.rebuilt = true;
+        telemetry::producer_rebuilt(&err);
+        self.producer
+            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        self.producer = create_producer(&self.config, self.settings.operation_timeout)?;
+        self.stats.producer_rebuilds += 1;
+        if self.open {
+            self.stats.aborted += 1;
+            telemetry::txn_aborted("producer rebuilt", self.records);
+        }
+        self.rewind(consumer)?;
+        self.reset();
+        Ok(())
+    }
+
+    /// Seeks every assigned partition back to its committed offset (or, where the group has
+    /// none yet, to the first offset the aborted transaction consumed).
+    fn rewind<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), EngineError> {
+        let committed = consumer
+            .committed(self.settings.operation_timeout)
+            .map_err(|e| {
+                EngineError::Fatal(format!("cannot read committed offsets to rewind: {e}"))
+            })?;
+        let mut seeks = TopicPartitionList::new();
+        for elem in committed.elements() {
+            let target = match elem.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => self.offsets.first_of(elem.topic(), elem.partition()),
+            };
+            if let Some(o) = target {
+                seeks
+                    .add_partition_offset(elem.topic(), elem.partition(), Offset::Offset(o))
+                    .map_err(|e| EngineError::Fatal(e.to_string()))?;
+            }
+        }
+        if seeks.count() > 0 {
+            let result = consumer
+                .seek_partitions(seeks, self.settings.operation_timeout)
+                .map_err(|e| EngineError::Fatal(format!("cannot rewind: {e}")))?;
+            for elem in result.elements() {
+                if let Err(e) = elem.error() {
+                    return Err(EngineError::Fatal(format!(
+                        "cannot rewind {}[{}]: {e}",
+                        elem.topic(),
+                        elem.partition()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.open = false;
+        self.offsets.clear();
+        self.records = 0;
+        self.outputs = 0;
+        self.bytes = 0;
+    }
+}
+
+fn create_producer(config: &ClientConfig, timeout: Duration) -> Result<TxnProducer, EngineError> {
+    let producer: TxnProducer = config
+        .create_with_context(DeliveryTracker::default())
+        .map_err(|e| EngineError::Client(format!("cannot create the producer: {e}")))?;
+    let deadline = Instant::now() + timeout.max(Duration::from_secs(30));
+    loop {
+        match producer.init_transactions(Timeout::After(timeout)) {
+            Ok(()) => return Ok(producer),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && Instant::now() < deadline => {
+                telemetry::txn_retry("init_transactions", 0, &e);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => {
+                return Err(EngineError::Fatal(format!(
+                    "init_transactions failed (is the broker reachable, and does it allow transactions?): {e}"
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! onceflow: exactly-once read-process-write jobs for Apache Kafka, declared in YAML.
+//!
+//! Data flows one way, and so do the modules:
+//!
+//! * [`topology`]: the YAML model of a job and its validation (every problem at once, each
+//!   with its field path).
+//! * [`transform`]: the pipeline of processors; pure functions of a [`transform::Record`],
+//!   no Kafka client or async type in sight.
+//! * [`engine`]: the consumer/producer loop. [`engine::txn`] owns all transaction state and is
+//!   the only caller of the transactional API; [`engine::classify`] is the one decision of
+//!   what an error means (retry, abort and rewind, or fatal); [`engine::offsets`] holds the
+//!   offset arithmetic (commit last processed + 1).
+//! * [`embedded`]: an in-process cluster for a first run with nothing installed. It does not
+//!   enforce transactions and proves nothing about exactly-once.
+//! * [`telemetry`]: every log line about the job's life, from one place.
+//!
+//! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
+//! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
+//! consumer's group metadata) in transactions of a producer whose `transactional.id` is stable
+//! per topology and instance: after a crash the restarted instance fences its previous
+//! incarnation and the broker aborts whatever it left open.
+
+pub mod embedded;
+pub mod engine;
+pub mod telemetry;
+pub mod topology;
+pub mod transform;

@@ -1,0 +1,360 @@
+//! The topology file: what a job reads, how it transforms records and where it writes them.
+//!
+//! Every struct refuses unknown fields, every default comes from a named function, and
+//! [`Topology::validate`] reports every problem at once with the path of the field it concerns.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::transform::Processor;
+
+/// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
+/// attempt to override them from a topology or a config file.
+pub const PROTECTED_CLIENT_SETTINGS: &[&str] = &[
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "transactional.id",
+    "enable.idempotence",
+    "group.id",
+    "group.instance.id",
+    "bootstrap.servers",
+];
+
+/// One stream job: inputs, an ordered pipeline of processors, and outputs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// Name of the job; part of the consumer group id and of the transactional id, so it must
+    /// stay the same across restarts and deploys.
+    pub name: String,
+    /// Consumer group shared by every instance of this job. Default: `onceflow.<name>`.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// Topics the job consumes (read_committed, offsets committed in the output transaction).
+    pub inputs: Vec<Input>,
+    /// Processors applied in order to every record.
+    #[serde(default)]
+    pub pipeline: Vec<Processor>,
+    /// Kafka topics the job writes to, inside its transactions.
+    pub outputs: Vec<Output>,
+    /// Transaction and commit settings.
+    #[serde(default)]
+    pub runtime: Runtime,
+    /// Kafka client settings.
+    #[serde(default)]
+    pub kafka: KafkaSettings,
+}
+
+/// A consumed topic.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// Topic name.
+    pub topic: String,
+}
+
+/// A Kafka topic written inside the job's transactions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Output {
+    /// Name by which the pipeline refers to this output. Default: the topic name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Topic name.
+    pub topic: String,
+}
+
+/// When a transaction commits, and how long it may stay open.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Runtime {
+    /// Commit the open transaction after this many milliseconds.
+    #[serde(default = "default_commit_interval_ms")]
+    pub commit_interval_ms: u64,
+    /// ... or once it holds this many consumed records, whichever comes first.
+    #[serde(default = "default_max_records_per_txn")]
+    pub max_records_per_txn: u64,
+    /// ... or once it holds this many produced bytes.
+    #[serde(default = "default_max_bytes_per_txn")]
+    pub max_bytes_per_txn: u64,
+    /// `transaction.timeout.ms` of the producer: the broker aborts a transaction left open
+    /// longer than this (for example by a dead instance that never comes back).
+    #[serde(default = "default_transaction_timeout_ms")]
+    pub transaction_timeout_ms: u64,
+    /// Use static group membership (`group.instance.id` = instance id): a restarted instance
+    /// gets its partitions back at once, without a rebalance of the whole group.
+    #[serde(default = "default_static_membership")]
+    pub static_membership: bool,
+    /// Consumer `session.timeout.ms`: how long a dead instance keeps its partitions.
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
+}
+
+fn default_commit_interval_ms() -> u64 {
+    100
+}
+fn default_max_records_per_txn() -> u64 {
+    10_000
+}
+fn default_max_bytes_per_txn() -> u64 {
+    16 * 1024 * 1024
+}
+fn default_transaction_timeout_ms() -> u64 {
+    10_000
+}
+fn default_static_membership() -> bool {
+    true
+}
+fn default_session_timeout_ms() -> u64 {
+    45_000
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            commit_interval_ms: default_commit_interval_ms(),
+            max_records_per_txn: default_max_records_per_txn(),
+            max_bytes_per_txn: default_max_bytes_per_txn(),
+            transaction_timeout_ms: default_transaction_timeout_ms(),
+            static_membership: default_static_membership(),
+            session_timeout_ms: default_session_timeout_ms(),
+        }
+    }
+}
+
+/// Kafka client settings. The bootstrap servers given on the command line win over the file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    /// Comma-separated `host:port` list.
+    #[serde(default)]
+    pub bootstrap_servers: Option<String>,
+    /// Extra librdkafka settings for both clients (security, timeouts, ...).
+    #[serde(default)]
+    pub common: BTreeMap<String, String>,
+    /// Extra librdkafka settings for the consumer only.
+    #[serde(default)]
+    pub consumer: BTreeMap<String, String>,
+    /// Extra librdkafka settings for the producer only.
+    #[serde(default)]
+    pub producer: BTreeMap<String, String>,
+}
+
+/// A problem in a topology file, with the path of the field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted path of the field, e.g. `runtime.commit_interval_ms`.
+    pub path: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Why a topology could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: {} problem(s):\n{}", issues.len(), issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        path: String,
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+impl Topology {
+    /// Reads, parses and validates a topology file.
+    pub fn load(path: &Path) -> Result<Topology, TopologyError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&text, &shown)
+    }
+
+    /// Parses and validates topology text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Topology, TopologyError> {
+        let topology: Topology =
+            serde_saphyr::from_str(text).map_err(|e| TopologyError::Parse {
+                path: origin.to_string(),
+                message: e.to_string(),
+            })?;
+        let issues = topology.validate();
+        if issues.is_empty() {
+            Ok(topology)
+        } else {
+            Err(TopologyError::Invalid {
+                path: origin.to_string(),
+                issues,
+            })
+        }
+    }
+
+    /// Every problem in the topology, each with its field path; empty when it is valid.
+    pub fn validate(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        let mut issue = |path: String, message: &str| {
+            issues.push(ConfigIssue {
+                path,
+                message: message.to_string(),
+            })
+        };
+        if !is_valid_name(&self.name) {
+            issue(
+                "name".into(),
+                "must be 1-100 characters of [A-Za-z0-9._-]; it is part of the transactional id",
+            );
+        }
+        if self.inputs.is_empty() {
+            issue("inputs".into(), "at least one input topic is needed");
+        }
+        for (i, input) in self.inputs.iter().enumerate() {
+            if input.topic.trim().is_empty() {
+                issue(format!("inputs[{i}].topic"), "must not be empty");
+            }
+        }
+        if self.outputs.len() != 1 {
+            issue(
+                "outputs".into(),
+                "exactly one output is supported by this version",
+            );
+        }
+        for (i, output) in self.outputs.iter().enumerate() {
+            if output.topic.trim().is_empty() {
+                issue(format!("outputs[{i}].topic"), "must not be empty");
+            }
+            if self.inputs.iter().any(|input| input.topic == output.topic) {
+                issue(
+                    format!("outputs[{i}].topic"),
+                    "must differ from every input topic (the job would consume its own output)",
+                );
+            }
+        }
+        let rt = &self.runtime;
+        if rt.commit_interval_ms == 0 {
+            issue("runtime.commit_interval_ms".into(), "must be at least 1");
+        }
+        if rt.max_records_per_txn == 0 {
+            issue("runtime.max_records_per_txn".into(), "must be at least 1");
+        }
+        if rt.transaction_timeout_ms < 1000 {
+            issue(
+                "runtime.transaction_timeout_ms".into(),
+                "must be at least 1000",
+            );
+        }
+        if rt.commit_interval_ms.saturating_mul(5) > rt.transaction_timeout_ms {
+            issue(
+                "runtime.commit_interval_ms".into(),
+                "must be at most a fifth of runtime.transaction_timeout_ms, or transactions time out before they commit",
+            );
+        }
+        for (section, map) in [
+            ("common", &self.kafka.common),
+            ("consumer", &self.kafka.consumer),
+            ("producer", &self.kafka.producer),
+        ] {
+            for key in map.keys() {
+                if PROTECTED_CLIENT_SETTINGS.contains(&key.as_str()) {
+                    issue(
+                        format!("kafka.{section}.{key}"),
+                        "is set by onceflow for exactly-once and cannot be overridden",
+                    );
+                }
+            }
+        }
+        issues
+    }
+
+    /// The consumer group of every instance of this job.
+    pub fn group_id(&self) -> String {
+        self.group_id
+            .clone()
+            .unwrap_or_else(|| format!("onceflow.{}", self.name))
+    }
+
+    /// The output every record goes to (validated: there is exactly one).
+    pub fn output_topic(&self) -> &str {
+        self.outputs.first().map(|o| o.topic.as_str()).unwrap_or("")
+    }
+
+    /// The input topic names.
+    pub fn input_topics(&self) -> Vec<&str> {
+        self.inputs.iter().map(|i| i.topic.as_str()).collect()
+    }
+}
+
+fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\n";
+
+    #[test]
+    fn minimal_topology_gets_defaults() {
+        let t = Topology::parse(MINIMAL, "t.yaml").unwrap();
+        assert_eq!(t.runtime.commit_interval_ms, 100);
+        assert_eq!(t.runtime.transaction_timeout_ms, 10_000);
+        assert_eq!(t.group_id(), "onceflow.t");
+        assert_eq!(t.output_topic(), "out");
+    }
+
+    #[test]
+    fn unknown_field_is_refused_with_its_name() {
+        let text = format!("{MINIMAL}runtime: {{commit_interval: 5}}\n");
+        let err = Topology::parse(&text, "t.yaml").unwrap_err().to_string();
+        assert!(err.contains("commit_interval"), "{err}");
+        assert!(err.contains("t.yaml"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_path() {
+        let text = "name: 'bad name'\ninputs: []\noutputs: [{topic: ''}]\n\
+                    runtime: {commit_interval_ms: 5000, transaction_timeout_ms: 10000}\n\
+                    kafka: {consumer: {isolation.level: read_uncommitted}, producer: {transactional.id: x}}\n";
+        let Err(TopologyError::Invalid { issues, .. }) = Topology::parse(text, "t.yaml") else {
+            panic!("expected validation errors");
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "name",
+                "inputs",
+                "outputs[0].topic",
+                "runtime.commit_interval_ms",
+                "kafka.consumer.isolation.level",
+                "kafka.producer.transactional.id",
+            ]
+        );
+    }
+
+    #[test]
+    fn output_equal_to_input_is_refused() {
+        let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: a}]\n";
+        let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
+        assert!(err.contains("outputs[0].topic"), "{err}");
+    }
+}

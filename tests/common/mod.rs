@@ -1,0 +1,234 @@
+//! Helpers for integration tests against the real broker that `scripts/test` starts.
+//!
+//! Exactly-once is checked by record ids: inputs carry unique ids, outputs are read with
+//! read_committed and compared as sets, and duplicates are counted. A read ends at a marker
+//! written non-transactionally to every output partition after the job stopped: the marker is
+//! visible to read_committed only if no transaction is left hanging before it.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+pub const MARKER_HEADER: &str = "onceflow-test-marker";
+
+/// The broker started by `scripts/test`.
+pub fn bootstrap() -> String {
+    std::env::var("ONCEFLOW_TEST_BOOTSTRAP").expect(
+        "ONCEFLOW_TEST_BOOTSTRAP is not set: integration tests need the real broker; run them with scripts/test",
+    )
+}
+
+/// A name no other test or run uses.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+pub fn create_topics(names: &[&str], partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let results = rt
+        .block_on(admin.create_topics(&topics, &AdminOptions::new()))
+        .expect("create topics");
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// Writes records with ids `ids` (key = id, value = JSON with the id), idempotently.
+pub fn produce_ids(topic: &str, ids: impl IntoIterator<Item = u64>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for id in ids {
+        let key = id.to_string();
+        let value = format!(r#"{{"id":{id},"payload":"{}"}}"#, "x".repeat(64));
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+fn reader(isolation: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("reader"))
+        .set("isolation.level", isolation)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("reader")
+}
+
+fn assign_all(consumer: &BaseConsumer, topic: &str, partitions: i32) {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign");
+}
+
+fn id_of(msg: &impl Message) -> u64 {
+    let key = msg.key().expect("output record without key");
+    std::str::from_utf8(key)
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("output key is not an id: {key:?}"))
+}
+
+/// Reads until `expected` distinct ids are visible to read_committed, or `timeout`.
+/// Returns how many distinct ids were seen.
+pub fn wait_for_distinct(
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+) -> usize {
+    wait_for_distinct_while(topic, partitions, expected, timeout, &|| true)
+}
+
+/// Like [`wait_for_distinct`], but gives up as soon as `alive` returns false.
+pub fn wait_for_distinct_while(
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+    alive: &dyn Fn() -> bool,
+) -> usize {
+    let consumer = reader("read_committed");
+    assign_all(&consumer, topic, partitions);
+    let mut seen = BTreeSet::new();
+    let deadline = Instant::now() + timeout;
+    while seen.len() < expected && Instant::now() < deadline && alive() {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200)) {
+            seen.insert(id_of(&msg));
+        }
+    }
+    seen.len()
+}
+
+/// Counts distinct ids visible to read_committed right now (reads for at most `budget`).
+pub fn distinct_now(topic: &str, partitions: i32, budget: Duration) -> usize {
+    wait_for_distinct(topic, partitions, usize::MAX, budget)
+}
+
+/// Every output id of `topic`, in order of reading, up to a marker written now to each
+/// partition. Panics when a marker does not become visible: a transaction is left hanging.
+pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    for p in 0..partitions {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: MARKER_HEADER,
+            value: Some("end"),
+        });
+        producer
+            .send(
+                BaseRecord::<str, str>::to(topic)
+                    .partition(p)
+                    .headers(headers),
+            )
+            .expect("marker");
+    }
+    producer
+        .flush(Duration::from_secs(30))
+        .expect("flush marker");
+
+    let consumer = reader(isolation);
+    assign_all(&consumer, topic, partitions);
+    let mut ids = Vec::new();
+    let mut done = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.len() < partitions as usize {
+        assert!(
+            Instant::now() < deadline,
+            "markers visible on partitions {done:?} of {partitions} only: a transaction is left hanging on {topic}"
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(msg)) => {
+                let is_marker = msg
+                    .headers()
+                    .is_some_and(|h| h.iter().any(|h| h.key == MARKER_HEADER));
+                if is_marker {
+                    done.insert(msg.partition());
+                } else {
+                    ids.push(id_of(&msg));
+                }
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    ids
+}
+
+/// Asserts that `output` holds every id of `input` exactly once and nothing else.
+pub fn assert_exactly_once(input: &BTreeSet<u64>, output: &[u64]) {
+    let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+    for id in output {
+        *counts.entry(*id).or_default() += 1;
+    }
+    let duplicates: Vec<(u64, usize)> = counts
+        .iter()
+        .filter(|(_, c)| **c > 1)
+        .map(|(i, c)| (*i, *c))
+        .collect();
+    let seen: BTreeSet<u64> = counts.keys().copied().collect();
+    let missing: Vec<u64> = input.difference(&seen).copied().take(20).collect();
+    let unexpected: Vec<u64> = seen.difference(input).copied().take(20).collect();
+    assert!(
+        duplicates.is_empty() && missing.is_empty() && unexpected.is_empty(),
+        "exactly-once violated: {} output records for {} input ids; {} duplicated ids (first: {:?}); {} missing (first: {missing:?}); unexpected: {unexpected:?}",
+        output.len(),
+        input.len(),
+        duplicates.len(),
+        duplicates.iter().take(10).collect::<Vec<_>>(),
+        input.difference(&seen).count(),
+    );
+}
+
+/// A topology file for a pass-through job from `input` to `output`.
+pub fn topology_yaml(name: &str, input: &str, output: &str, extra_runtime: &str) -> String {
+    format!(
+        "name: {name}\ninputs:\n  - topic: {input}\npipeline:\n  - set_header: {{name: processed-by, value: onceflow}}\noutputs:\n  - topic: {output}\nruntime:\n  session_timeout_ms: 10000\n{extra_runtime}"
+    )
+}

@@ -1,0 +1,161 @@
+//! `onceflow run` as a real process on the real broker: SIGKILLed at random moments and
+//! restarted, and a paused zombie fenced by its replacement. The output is checked by ids.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::Rng;
+
+const PARTITIONS: i32 = 4;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    topology: PathBuf,
+    output: String,
+    ids: BTreeSet<u64>,
+}
+
+fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
+    let input = unique(&format!("{name}-in"));
+    let output = unique(&format!("{name}-out"));
+    create_topics(&[&input, &output], PARTITIONS);
+    let ids: BTreeSet<u64> = (0..records).collect();
+    produce_ids(&input, ids.iter().copied());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("topology.yaml");
+    std::fs::write(
+        &topology,
+        topology_yaml(&unique(name), &input, &output, extra_runtime),
+    )
+    .expect("write topology");
+    Setup {
+        _dir: dir,
+        topology,
+        output,
+        ids,
+    }
+}
+
+fn spawn(setup: &Setup, instance: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("run")
+        .arg(&setup.topology)
+        .args([
+            "--bootstrap-servers",
+            &bootstrap(),
+            "--instance-id",
+            instance,
+        ])
+        .args(["--progress-secs", "0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn onceflow")
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig} failed");
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Stops a job gracefully and checks it exits 0.
+fn terminate(mut child: Child) {
+    signal(&child, "-TERM");
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "onceflow did not exit 0 on SIGTERM: {status:?}"
+    );
+}
+
+#[test]
+fn sigkilled_job_restarts_without_loss_or_duplicates() {
+    let s = setup("crash", 60_000, "  max_records_per_txn: 1000\n");
+    let mut rng = rand::rng();
+    let mut kills_mid_run = 0;
+    for round in 0..8 {
+        if kills_mid_run >= 3 {
+            break;
+        }
+        let mut child = spawn(&s, "crash-0");
+        std::thread::sleep(Duration::from_millis(rng.random_range(800..2500)));
+        child.kill().expect("SIGKILL"); // std's kill sends SIGKILL
+        child.wait().expect("reap");
+        let visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(3));
+        eprintln!(
+            "round {round}: SIGKILL with {visible} of {} ids visible",
+            s.ids.len()
+        );
+        if visible < s.ids.len() {
+            kills_mid_run += 1;
+        }
+    }
+    assert!(
+        kills_mid_run >= 3,
+        "the job finished before it could be killed 3 times mid-run"
+    );
+
+    let child = spawn(&s, "crash-0");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, s.ids.len(), Duration::from_secs(180));
+    terminate(child);
+    assert_eq!(
+        seen,
+        s.ids.len(),
+        "not every record came through after the restarts"
+    );
+    assert_exactly_once(&s.ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+}
+
+#[test]
+fn paused_zombie_is_fenced_by_its_replacement() {
+    let s = setup("zombie", 30_000, "  max_records_per_txn: 500\n");
+    let mut zombie = spawn(&s, "zombie-0");
+    let started = Instant::now();
+    while distinct_now(&s.output, PARTITIONS, Duration::from_millis(500)) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the first instance never committed"
+        );
+    }
+    // Freeze it in the middle of its work, as a long GC pause or a partitioned VM would.
+    signal(&zombie, "-STOP");
+    let replacement = spawn(&s, "zombie-0");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, s.ids.len(), Duration::from_secs(180));
+    assert_eq!(seen, s.ids.len(), "the replacement did not finish the work");
+
+    // The zombie wakes up holding an open transaction: it must be fenced and stop.
+    signal(&zombie, "-CONT");
+    let status = wait_exit(&mut zombie, Duration::from_secs(90));
+    if status.is_none() {
+        let _ = zombie.kill();
+    }
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "the zombie should exit non-zero once fenced: {status:?}"
+    );
+    terminate(replacement);
+    assert_exactly_once(&s.ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+}
