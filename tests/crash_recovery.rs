@@ -16,6 +16,7 @@ const PARTITIONS: i32 = 4;
 struct Setup {
     _dir: tempfile::TempDir,
     topology: PathBuf,
+    input: String,
     output: String,
     ids: BTreeSet<u64>,
 }
@@ -36,6 +37,7 @@ fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
     Setup {
         _dir: dir,
         topology,
+        input,
         output,
         ids,
     }
@@ -52,7 +54,10 @@ fn spawn(setup: &Setup, instance: &str) -> Child {
             instance,
         ])
         .args(["--progress-secs", "0"])
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -158,4 +163,35 @@ fn paused_zombie_is_fenced_by_its_replacement() {
     );
     terminate(replacement);
     assert_exactly_once(&s.ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+}
+
+#[test]
+fn instances_joining_and_dying_mid_run_keep_exactly_once() {
+    let s = setup("scale", 0, "  max_records_per_txn: 500\n");
+    let ids: BTreeSet<u64> = (0..60_000).collect();
+    // Records arrive over ~12 s while instances come and go.
+    let feeder = {
+        let input = s.input.clone();
+        let ids = ids.clone();
+        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(5_000)))
+    };
+    let mut first = spawn(&s, "scale-a");
+    std::thread::sleep(Duration::from_secs(3));
+    // A second instance joins: the first one hands partitions over in a cooperative
+    // rebalance, committing its transaction in flight.
+    let second = spawn(&s, "scale-b");
+    std::thread::sleep(Duration::from_secs(7));
+    // Then the first one dies; after its session times out the second takes its partitions.
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reap");
+    assert!(
+        !feeder.is_finished(),
+        "input ended before the first instance died"
+    );
+    feeder.join().expect("feeder");
+
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
+    terminate(second);
+    assert_eq!(seen, ids.len(), "not every record came through");
+    assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }

@@ -62,13 +62,26 @@ pub fn create_topics(names: &[&str], partitions: i32) {
 
 /// Writes records with ids `ids` (key = id, value = JSON with the id), idempotently.
 pub fn produce_ids(topic: &str, ids: impl IntoIterator<Item = u64>) {
+    produce_ids_paced(topic, ids, None)
+}
+
+/// Like [`produce_ids`], at most `per_second` records a second when given.
+pub fn produce_ids_paced(topic: &str, ids: impl IntoIterator<Item = u64>, per_second: Option<u64>) {
+    let started = Instant::now();
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()
         .expect("producer");
-    for id in ids {
+    for (n, id) in ids.into_iter().enumerate() {
+        if let Some(rate) = per_second {
+            let due = started + Duration::from_secs_f64(n as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                producer.poll(Duration::ZERO);
+                std::thread::sleep(wait);
+            }
+        }
         let key = id.to_string();
         let value = format!(r#"{{"id":{id},"payload":"{}"}}"#, "x".repeat(64));
         let mut record = BaseRecord::to(topic).key(&key).payload(&value);
