@@ -103,3 +103,16 @@ fn aborted_transactions_leave_nothing_visible() {
         ids.len()
     );
 }
+
+#[test]
+fn at_least_once_mode_delivers_every_record_without_transactions() {
+    let job = job("alos", "  guarantee: at_least_once\n");
+    let ids: BTreeSet<u64> = (0..5_000).collect();
+    produce_ids(&job.input, ids.iter().copied());
+
+    let summary = run_until_visible(&job, RunOptions::default(), ids.len());
+
+    // A clean run writes each record once; only crashes may duplicate in this mode.
+    assert_exactly_once(&ids, &read_all(&job.output, PARTITIONS, "read_committed"));
+    assert_eq!(summary.txn.records_committed, 5_000);
+}

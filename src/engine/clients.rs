@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use rdkafka::ClientConfig;
 
-use crate::topology::Topology;
+use crate::topology::{Guarantee, Topology};
 
 /// Who this process is: the same topology and instance id after a restart means the same
 /// transactional.id, so the restarted producer fences its previous incarnation.
@@ -52,22 +52,25 @@ pub fn consumer_config(topology: &Topology, id: &Identity) -> ClientConfig {
     c
 }
 
-/// The transactional producer, with its stable transactional.id.
+/// The producer: transactional with its stable transactional.id under exactly-once,
+/// idempotent only under at-least-once.
 pub fn producer_config(topology: &Topology, id: &Identity) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("linger.ms", "5");
     apply(&mut c, &topology.kafka.common);
     apply(&mut c, &topology.kafka.producer);
     c.set("bootstrap.servers", &id.bootstrap_servers)
-        .set(
+        .set("enable.idempotence", "true");
+    if topology.runtime.guarantee == Guarantee::ExactlyOnce {
+        c.set(
             "transactional.id",
             transactional_id(topology, &id.instance_id),
         )
-        .set("enable.idempotence", "true")
         .set(
             "transaction.timeout.ms",
             topology.runtime.transaction_timeout_ms.to_string(),
         );
+    }
     c
 }
 
@@ -121,6 +124,18 @@ mod tests {
         assert_eq!(p.get("transactional.id"), Some("onceflow.orders.pod-0"));
         assert_eq!(p.get("linger.ms"), Some("20"));
         assert_eq!(p.get("transaction.timeout.ms"), Some("10000"));
+    }
+
+    #[test]
+    fn at_least_once_has_no_transactional_id() {
+        let t = topology("runtime: {guarantee: at_least_once}\n");
+        let p = producer_config(&t, &id());
+        assert_eq!(p.get("transactional.id"), None);
+        assert_eq!(p.get("enable.idempotence"), Some("true"));
+        assert_eq!(
+            consumer_config(&t, &id()).get("isolation.level"),
+            Some("read_committed")
+        );
     }
 
     #[test]

@@ -147,6 +147,7 @@ pub fn run(
         max_bytes: runtime.max_bytes_per_txn,
         operation_timeout: Duration::from_millis(runtime.transaction_timeout_ms),
         abort_every: options.abort_every,
+        guarantee: runtime.guarantee,
     };
     let producer_config = clients::producer_config(topology, identity);
     let txn = Arc::new(Mutex::new(Txn::new(producer_config, settings)?));

@@ -21,6 +21,7 @@ use super::EngineError;
 use super::classify::{TxnAction, classify, traits_of};
 use super::offsets::TxnOffsets;
 use crate::telemetry;
+use crate::topology::Guarantee;
 use crate::transform::Record;
 
 /// When a transaction is due, and how long client calls may take.
@@ -33,6 +34,8 @@ pub struct TxnSettings {
     pub operation_timeout: Duration,
     /// Test-only failpoint: abort every n-th transaction instead of committing it.
     pub abort_every: Option<u64>,
+    /// Without transactions, a "transaction" is the batch between two offset commits.
+    pub guarantee: Guarantee,
 }
 
 /// Totals since the job started, counting committed work only.
@@ -127,7 +130,7 @@ impl Txn {
     /// Creates the producer and registers its transactional.id with the coordinator, which
     /// fences any older producer with the same id and aborts its open transaction.
     pub fn new(config: ClientConfig, settings: TxnSettings) -> Result<Txn, EngineError> {
-        let producer = create_producer(&config, settings.operation_timeout)?;
+        let producer = create_producer(&config, &settings)?;
         Ok(Txn {
             producer,
             config,
@@ -180,9 +183,11 @@ impl Txn {
         outputs: &[(&str, Record)],
     ) -> Result<Added, EngineError> {
         if !self.open {
-            if let Err(err) = self.producer.begin_transaction() {
-                self.fail(consumer, err, "begin")?;
-                return Ok(Added::Aborted);
+            if self.transactional() {
+                if let Err(err) = self.producer.begin_transaction() {
+                    self.fail(consumer, err, "begin")?;
+                    return Ok(Added::Aborted);
+                }
             }
             self.open = true;
             self.opened_at = Instant::now();
@@ -283,6 +288,10 @@ impl Txn {
         for (topic, partition, next) in self.offsets.to_commit() {
             tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
         }
+        if !self.transactional() {
+            // At-least-once: every output is acknowledged; now the offsets may move.
+            return consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync);
+        }
         let metadata = consumer
             .group_metadata()
             .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
@@ -332,6 +341,10 @@ impl Txn {
                 }
             }
         }
+    }
+
+    fn transactional(&self) -> bool {
+        self.settings.guarantee == Guarantee::ExactlyOnce
     }
 
     fn producer_fatal(&self) -> bool {
@@ -398,7 +411,7 @@ impl Txn {
         telemetry::producer_rebuilt(&err);
         self.producer
             .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
-        self.producer = create_producer(&self.config, self.settings.operation_timeout)?;
+        self.producer = create_producer(&self.config, &self.settings)?;
         self.stats.producer_rebuilds += 1;
         if self.open {
             self.stats.aborted += 1;
@@ -458,10 +471,17 @@ impl Txn {
     }
 }
 
-fn create_producer(config: &ClientConfig, timeout: Duration) -> Result<TxnProducer, EngineError> {
+fn create_producer(
+    config: &ClientConfig,
+    settings: &TxnSettings,
+) -> Result<TxnProducer, EngineError> {
     let producer: TxnProducer = config
         .create_with_context(DeliveryTracker::default())
         .map_err(|e| EngineError::Client(format!("cannot create the producer: {e}")))?;
+    if settings.guarantee != Guarantee::ExactlyOnce {
+        return Ok(producer);
+    }
+    let timeout = settings.operation_timeout;
     let deadline = Instant::now() + timeout.max(Duration::from_secs(30));
     loop {
         match producer.init_transactions(Timeout::After(timeout)) {

@@ -91,6 +91,21 @@ pub struct Runtime {
     /// Consumer `session.timeout.ms`: how long a dead instance keeps its partitions.
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u64,
+    /// `exactly_once` (default): outputs and offsets commit in one Kafka transaction.
+    /// `at_least_once`: no transactions; offsets are committed after every output is
+    /// acknowledged, so a crash may write some outputs twice. For comparison and for sinks
+    /// that are idempotent anyway.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+}
+
+/// The delivery guarantee of a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    #[default]
+    ExactlyOnce,
+    AtLeastOnce,
 }
 
 fn default_commit_interval_ms() -> u64 {
@@ -121,6 +136,7 @@ impl Default for Runtime {
             transaction_timeout_ms: default_transaction_timeout_ms(),
             static_membership: default_static_membership(),
             session_timeout_ms: default_session_timeout_ms(),
+            guarantee: Guarantee::default(),
         }
     }
 }
