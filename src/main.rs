@@ -1,5 +1,6 @@
 //! The onceflow command line.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 use onceflow::embedded::EmbeddedCluster;
 use onceflow::engine::{self, Identity, RunOptions, Summary};
-use onceflow::telemetry;
+use onceflow::telemetry::{self, health, health::Health, metrics};
 use onceflow::topology::Topology;
 
 #[derive(Parser)]
@@ -56,6 +57,13 @@ enum Command {
         /// Log a progress line this often (seconds; 0 turns it off).
         #[arg(long, default_value_t = 10)]
         progress_secs: u64,
+        /// Serve /metrics (Prometheus), /healthz and /readyz on this address, e.g.
+        /// 0.0.0.0:9090. Without it no metric is recorded.
+        #[arg(long, env = "ONCEFLOW_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
+        /// With --metrics-addr: how often librdkafka statistics (lag, rtt, queues) refresh.
+        #[arg(long, default_value_t = 5)]
+        statistics_secs: u64,
     },
 }
 
@@ -81,9 +89,13 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
             records,
             stop_after_records,
             progress_secs,
+            metrics_addr,
+            statistics_secs,
         } => {
             let topology = Topology::load(&topology)?;
             let options = RunOptions {
+                health: Arc::new(Health::default()),
+                statistics_every: metrics_addr.map(|_| Duration::from_secs(statistics_secs.max(1))),
                 stop_after_records,
                 // Test-only failpoint: abort every n-th transaction instead of committing it.
                 abort_every: std::env::var("ONCEFLOW_FAILPOINT_ABORT_EVERY")
@@ -99,11 +111,11 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
                         bootstrap_servers: servers,
                         instance_id,
                     };
-                    let summary = run_until_signal(topology, identity, options)?;
+                    let summary = run_until_signal(topology, identity, options, metrics_addr)?;
                     print_summary(&summary);
                     Ok(())
                 }
-                _ => run_embedded(topology, instance_id, records, options),
+                _ => run_embedded(topology, instance_id, records, options, metrics_addr),
             }
         }
     }
@@ -114,6 +126,7 @@ fn run_until_signal(
     topology: Topology,
     identity: Identity,
     options: RunOptions,
+    metrics_addr: Option<SocketAddr>,
 ) -> anyhow::Result<Summary> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -122,6 +135,19 @@ fn run_until_signal(
         .context("cannot start the async runtime")?;
     let shutdown = Arc::new(AtomicBool::new(false));
     runtime.block_on(async {
+        if let Some(addr) = metrics_addr {
+            let handle = metrics::install(&topology.name)
+                .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            tokio::spawn(health::serve(
+                listener,
+                Arc::clone(&options.health),
+                Some(handle),
+            ));
+        }
         let flag = Arc::clone(&shutdown);
         tokio::spawn(async move {
             wait_for_signal().await;
@@ -158,6 +184,7 @@ fn run_embedded(
     instance_id: String,
     records: u64,
     mut options: RunOptions,
+    metrics_addr: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     eprintln!(
         "onceflow: no broker given, running `{}` on an embedded in-process cluster over {records} generated records.\n\
@@ -178,7 +205,7 @@ fn run_embedded(
         bootstrap_servers: cluster.bootstrap_servers().to_string(),
         instance_id,
     };
-    let summary = run_until_signal(topology, identity, options)?;
+    let summary = run_until_signal(topology, identity, options, metrics_addr)?;
     print_summary(&summary);
     Ok(())
 }

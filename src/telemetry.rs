@@ -1,9 +1,18 @@
-//! Every log line the engine writes about its own life comes from here, one function per
-//! event, so the wording, the fields and (later) the metric bumped with it stay in one place.
+//! Every log line and metric about the job's life comes from here: one function per event
+//! writes the log line and bumps the metric, so wording, fields and names stay in one place.
+//! Metric names are constants in [`metrics`]; per-record counts are in
+//! [`metrics::TopicCounts`], published at commit.
+
+pub mod health;
+pub mod metrics;
 
 use std::time::Duration;
 
+use ::metrics::{counter, gauge, histogram};
+use rdkafka::statistics::Statistics;
 use tracing::{debug, error, info, warn};
+
+use self::metrics as m;
 
 /// Sets up logging: `json` for machines, human-readable otherwise; `RUST_LOG` filters.
 pub fn init_tracing(json: bool) {
@@ -20,11 +29,42 @@ pub fn init_tracing(json: bool) {
     };
 }
 
+/// Why a transaction was aborted; a bounded label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    BeginFailed,
+    ProduceFailed,
+    CommitFailed,
+    PartitionsLost,
+    ProducerRebuilt,
+    TransformFailed,
+    Stopping,
+    Failpoint,
+}
+
+impl AbortReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortReason::BeginFailed => "begin_failed",
+            AbortReason::ProduceFailed => "produce_failed",
+            AbortReason::CommitFailed => "commit_failed",
+            AbortReason::PartitionsLost => "partitions_lost",
+            AbortReason::ProducerRebuilt => "producer_rebuilt",
+            AbortReason::TransformFailed => "transform_failed",
+            AbortReason::Stopping => "stopping_on_error",
+            AbortReason::Failpoint => "failpoint",
+        }
+    }
+}
+
 pub fn job_started(topology: &str, transactional_id: &str, group_id: &str, inputs: &[&str]) {
     info!(topology, transactional_id, group_id, ?inputs, "job started");
 }
 
 pub fn txn_committed(records: u64, outputs: u64, took: Duration) {
+    counter!(m::TXN_COMMITTED).increment(1);
+    histogram!(m::COMMIT_DURATION).record(took.as_secs_f64());
+    histogram!(m::TXN_RECORDS).record(records as f64);
     debug!(
         records,
         outputs,
@@ -33,19 +73,40 @@ pub fn txn_committed(records: u64, outputs: u64, took: Duration) {
     );
 }
 
-pub fn txn_aborted(reason: &str, records: u64) {
+pub fn records_filtered(count: u64) {
+    if count > 0 {
+        counter!(m::RECORDS_FILTERED).increment(count);
+    }
+}
+
+pub fn txn_aborted(reason: AbortReason, detail: &str, records: u64) {
+    counter!(m::TXN_ABORTED, "reason" => reason.as_str()).increment(1);
     warn!(
-        reason,
-        records, "transaction aborted; partitions rewound to their committed offsets"
+        reason = reason.as_str(),
+        detail, records, "transaction aborted; partitions rewound to their committed offsets"
     );
 }
 
-pub fn txn_retry(operation: &str, attempt: u32, error: &dyn std::fmt::Display) {
+pub fn open_txn_age(age: Duration) {
+    gauge!(m::TXN_OPEN_AGE).set(age.as_secs_f64());
+}
+
+pub fn txn_retry(operation: &'static str, attempt: u32, error: &dyn std::fmt::Display) {
+    counter!(m::RETRIES, "stage" => operation).increment(1);
     warn!(operation, attempt, %error, "retriable transaction error; calling again");
 }
 
-pub fn producer_rebuilt(error: &dyn std::fmt::Display) {
-    warn!(%error, "fatal producer error; rebuilding the producer with the same transactional.id");
+pub fn producer_rebuilt(error: &dyn std::fmt::Display, fenced: bool) {
+    counter!(m::PRODUCER_REBUILDS).increment(1);
+    if fenced {
+        counter!(m::FENCED, "client" => "producer").increment(1);
+    }
+    warn!(%error, fenced, "fatal producer error; rebuilding the producer with the same transactional.id");
+}
+
+pub fn consumer_fenced(error: &dyn std::fmt::Display) {
+    counter!(m::FENCED, "client" => "consumer").increment(1);
+    error!(%error, "consumer fenced: another instance took over this group.instance.id");
 }
 
 pub fn fatal(error: &dyn std::fmt::Display) {
@@ -53,18 +114,26 @@ pub fn fatal(error: &dyn std::fmt::Display) {
 }
 
 pub fn partitions_assigned(partitions: &[(String, i32)]) {
+    counter!(m::REBALANCES, "kind" => "assign").increment(1);
     info!(count = partitions.len(), ?partitions, "partitions assigned");
 }
 
 pub fn partitions_revoked(partitions: &[(String, i32)], lost: bool) {
     if lost {
+        counter!(m::REBALANCES, "kind" => "lost").increment(1);
         warn!(count = partitions.len(), ?partitions, "partitions lost");
     } else {
+        counter!(m::REBALANCES, "kind" => "revoke").increment(1);
         info!(count = partitions.len(), ?partitions, "partitions revoked");
     }
 }
 
+pub fn assignment_size(partitions: usize) {
+    gauge!(m::ASSIGNED_PARTITIONS).set(partitions as f64);
+}
+
 pub fn consumer_error(error: &dyn std::fmt::Display) {
+    counter!(m::CONSUMER_ERRORS).increment(1);
     warn!(%error, "consumer error");
 }
 
@@ -81,4 +150,39 @@ pub fn progress(records_in: u64, records_out: u64, committed: u64, aborted: u64,
 
 pub fn shutting_down() {
     info!("shutdown requested; committing the transaction in flight");
+}
+
+/// librdkafka statistics of one client (`client` is "consumer" or "producer").
+///
+/// Lag is measured against the last stable offset (`ls_offset`): under read_committed the
+/// high watermark lies past transaction markers and open transactions, which would show a
+/// lag that never reaches 0.
+pub fn client_statistics(client: &'static str, stats: &Statistics) {
+    gauge!(m::CLIENT_QUEUE_MESSAGES, "client" => client).set(stats.msg_cnt as f64);
+    for broker in stats.brokers.values() {
+        if broker.nodeid < 0 {
+            continue; // bootstrap placeholders
+        }
+        let labels = [
+            ("client", client.to_string()),
+            ("broker", broker.nodeid.to_string()),
+        ];
+        gauge!(m::BROKER_UP, &labels).set(if broker.state == "UP" { 1.0 } else { 0.0 });
+        if let Some(rtt) = &broker.rtt {
+            gauge!(m::BROKER_RTT, &labels).set(rtt.p99 as f64 / 1e6);
+        }
+    }
+    if client != "consumer" {
+        return;
+    }
+    for (name, topic) in &stats.topics {
+        for p in topic.partitions.values() {
+            if p.partition < 0 || p.app_offset < 0 || p.ls_offset < 0 {
+                continue;
+            }
+            let lag = (p.ls_offset - p.app_offset).max(0);
+            gauge!(m::CONSUMER_LAG, "topic" => name.clone(), "partition" => p.partition.to_string())
+                .set(lag as f64);
+        }
+    }
 }

@@ -43,8 +43,8 @@ fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
     }
 }
 
-fn spawn(setup: &Setup, instance: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_onceflow"))
+fn spawn(setup: &Setup, instance: &str) -> KillOnDrop {
+    let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .arg("run")
         .arg(&setup.topology)
         .args([
@@ -61,7 +61,8 @@ fn spawn(setup: &Setup, instance: &str) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("spawn onceflow")
+        .expect("spawn onceflow");
+    KillOnDrop(child)
 }
 
 fn signal(child: &Child, sig: &str) {
@@ -84,7 +85,7 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitS
 }
 
 /// Stops a job gracefully and checks it exits 0.
-fn terminate(mut child: Child) {
+fn terminate(mut child: KillOnDrop) {
     signal(&child, "-TERM");
     let status = wait_exit(&mut child, Duration::from_secs(60));
     if status.is_none() {

@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, TopicPartitionList};
 
-use crate::telemetry;
+use crate::telemetry::{self, AbortReason, health::Health};
 use crate::topology::Topology;
 use crate::transform::{Origin, Pipeline, Record};
 pub use clients::Identity;
@@ -56,6 +56,10 @@ pub struct RunOptions {
     pub abort_every: Option<u64>,
     /// How often a progress line is logged.
     pub progress_every: Option<Duration>,
+    /// Where the job reports its readiness.
+    pub health: Arc<Health>,
+    /// librdkafka statistics (lag, rtt, queues) this often; `None` turns them off.
+    pub statistics_every: Option<Duration>,
 }
 
 /// What a run did, counting committed work only.
@@ -70,9 +74,14 @@ struct EngineContext {
     txn: Arc<Mutex<Txn>>,
     /// A fatal error raised inside a callback, for the loop to return.
     failure: Mutex<Option<EngineError>>,
+    health: Arc<Health>,
 }
 
-impl ClientContext for EngineContext {}
+impl ClientContext for EngineContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::client_statistics("consumer", &statistics);
+    }
+}
 
 impl ConsumerContext for EngineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -85,7 +94,7 @@ impl ConsumerContext for EngineContext {
                 // Lost partitions may already belong to another member: nothing of ours for
                 // them may commit. Revoked ones are handed over cleanly: commit first.
                 let result = if lost {
-                    txn.abort_and_rewind(consumer, "partitions lost")
+                    txn.abort_and_rewind(consumer, AbortReason::PartitionsLost, "")
                 } else {
                     txn.commit(consumer).map(|_| ())
                 };
@@ -95,6 +104,12 @@ impl ConsumerContext for EngineContext {
             }
             Rebalance::Error(e) => telemetry::consumer_error(e),
         }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, _: &Rebalance<'_>) {
+        let assigned = consumer.assignment().map_or(0, |tpl| tpl.count());
+        telemetry::assignment_size(assigned);
+        self.health.set_assigned(assigned);
     }
 }
 
@@ -132,6 +147,29 @@ fn to_record(msg: &BorrowedMessage<'_>) -> Record {
     }
 }
 
+/// At debug level, a span with the record's origin and message id, so one message can be
+/// followed end to end; at other levels a disabled span that costs next to nothing.
+fn record_span(record: &Record) -> tracing::Span {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return tracing::Span::none();
+    }
+    let message_id = record
+        .headers
+        .iter()
+        .find(|(k, _)| k == MESSAGE_ID_HEADER)
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    tracing::debug_span!(
+        "record",
+        topic = %record.origin.topic,
+        partition = record.origin.partition,
+        offset = record.origin.offset,
+        message_id = message_id.as_deref().unwrap_or(""),
+    )
+}
+
+/// The header whose value names a message across systems, when producers set it.
+pub const MESSAGE_ID_HEADER: &str = "message-id";
+
 /// Runs one job until `shutdown` is set, `options` say stop, or a fatal error.
 pub fn run(
     topology: &Topology,
@@ -149,13 +187,29 @@ pub fn run(
         abort_every: options.abort_every,
         guarantee: runtime.guarantee,
     };
-    let producer_config = clients::producer_config(topology, identity);
-    let txn = Arc::new(Mutex::new(Txn::new(producer_config, settings)?));
+    let _job_span = tracing::info_span!("job", topology = %topology.name).entered();
+    let health = Arc::clone(&options.health);
+    health.set_bound(Duration::from_millis(
+        runtime.transaction_timeout_ms + runtime.commit_interval_ms,
+    ));
+    let mut producer_config = clients::producer_config(topology, identity);
+    let mut consumer_config = clients::consumer_config(topology, identity);
+    if let Some(every) = options.statistics_every {
+        let ms = every.as_millis().max(1).to_string();
+        producer_config.set("statistics.interval.ms", &ms);
+        consumer_config.set("statistics.interval.ms", &ms);
+    }
+    let txn = Arc::new(Mutex::new(Txn::new(
+        producer_config,
+        settings,
+        Arc::clone(&health),
+    )?));
     let context = EngineContext {
         txn: Arc::clone(&txn),
         failure: Mutex::new(None),
+        health: Arc::clone(&health),
     };
-    let consumer: BaseConsumer<EngineContext> = clients::consumer_config(topology, identity)
+    let consumer: BaseConsumer<EngineContext> = consumer_config
         .create_with_context(context)
         .map_err(|e| EngineError::Client(format!("cannot create the consumer: {e}")))?;
     let inputs = topology.input_topics();
@@ -175,6 +229,7 @@ pub fn run(
     let mut outputs: Vec<(&str, Record)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
+    let mut next_tick = Instant::now();
     let max_wait = Duration::from_millis(100);
 
     let result = loop {
@@ -193,6 +248,9 @@ pub fn run(
         match polled {
             None => {}
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
+                if code == RDKafkaErrorCode::FencedInstanceId {
+                    telemetry::consumer_fenced(&code);
+                }
                 break Err(EngineError::ConsumerFatal(code.to_string()));
             }
             Some(Err(e)) => telemetry::consumer_error(&e),
@@ -200,11 +258,16 @@ pub fn run(
                 consumed += 1;
                 let record = to_record(&msg);
                 drop(msg);
+                let _record_span = record_span(&record).entered();
                 produced.clear();
                 if let Err(e) = pipeline.process(record.clone(), &mut produced) {
                     // Until dead-lettering exists, a failing record stops the job rather than
                     // being skipped: its offset is never committed, nothing is lost.
-                    let _ = txn.abort_and_rewind(&consumer, "transform failed");
+                    let _ = txn.abort_and_rewind(
+                        &consumer,
+                        AbortReason::TransformFailed,
+                        &e.to_string(),
+                    );
                     break Err(EngineError::Transform {
                         topic: record.origin.topic,
                         partition: record.origin.partition,
@@ -221,7 +284,12 @@ pub fn run(
             }
         }
         txn.poll();
-        if txn.is_due(Instant::now()) {
+        let now = Instant::now();
+        if now >= next_tick {
+            telemetry::open_txn_age(txn.age(now).unwrap_or_default());
+            next_tick = now + Duration::from_secs(1);
+        }
+        if txn.is_due(now) {
             if let Err(e) = txn.commit(&consumer) {
                 break Err(e);
             }
@@ -258,7 +326,7 @@ pub fn run(
             Ok(()) => txn.commit(&consumer).map(|_| ()),
             Err(_) => {
                 if txn.is_open() {
-                    let _ = txn.abort_and_rewind(&consumer, "job stopping on error");
+                    let _ = txn.abort_and_rewind(&consumer, AbortReason::Stopping, "");
                 }
                 Ok(())
             }

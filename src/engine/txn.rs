@@ -6,8 +6,8 @@
 //! error goes through [`classify`]: retry the same call, abort and rewind, or rebuild the
 //! producer once.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -20,7 +20,9 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use super::EngineError;
 use super::classify::{TxnAction, classify, traits_of};
 use super::offsets::TxnOffsets;
-use crate::telemetry;
+use crate::telemetry::health::Health;
+use crate::telemetry::metrics::TopicCounts;
+use crate::telemetry::{self, AbortReason};
 use crate::topology::Guarantee;
 use crate::transform::Record;
 
@@ -76,7 +78,11 @@ pub struct DeliveryTracker {
     first_error: Mutex<Option<KafkaError>>,
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::client_statistics("producer", &statistics);
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
@@ -124,12 +130,21 @@ pub struct Txn {
     rebuilt: bool,
     attempts: u64,
     stats: TxnStats,
+    consumed: TopicCounts,
+    produced: TopicCounts,
+    filtered: u64,
+    health: Arc<Health>,
+    span: tracing::Span,
 }
 
 impl Txn {
     /// Creates the producer and registers its transactional.id with the coordinator, which
     /// fences any older producer with the same id and aborts its open transaction.
-    pub fn new(config: ClientConfig, settings: TxnSettings) -> Result<Txn, EngineError> {
+    pub fn new(
+        config: ClientConfig,
+        settings: TxnSettings,
+        health: Arc<Health>,
+    ) -> Result<Txn, EngineError> {
         let producer = create_producer(&config, &settings)?;
         Ok(Txn {
             producer,
@@ -144,6 +159,11 @@ impl Txn {
             rebuilt: false,
             attempts: 0,
             stats: TxnStats::default(),
+            consumed: TopicCounts::consumed(),
+            produced: TopicCounts::produced(),
+            filtered: 0,
+            health,
+            span: tracing::Span::none(),
         })
     }
 
@@ -153,6 +173,12 @@ impl Txn {
 
     pub fn is_open(&self) -> bool {
         self.open
+    }
+
+    /// Age of the open transaction, if one is open.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        self.open
+            .then(|| now.saturating_duration_since(self.opened_at))
     }
 
     /// Time until the open transaction is due, or `None` when nothing is open.
@@ -185,23 +211,29 @@ impl Txn {
         if !self.open {
             if self.transactional() {
                 if let Err(err) = self.producer.begin_transaction() {
-                    self.fail(consumer, err, "begin")?;
+                    self.fail(consumer, err, AbortReason::BeginFailed)?;
                     return Ok(Added::Aborted);
                 }
             }
             self.open = true;
             self.opened_at = Instant::now();
+            self.span = tracing::info_span!("txn", seq = self.attempts + 1);
         }
         for (topic, rec) in outputs {
             if let Err(err) = self.send(topic, rec) {
-                self.fail(consumer, err, "produce")?;
+                self.fail(consumer, err, AbortReason::ProduceFailed)?;
                 return Ok(Added::Aborted);
             }
+            self.produced.add(topic, payload_len(rec));
             self.outputs += 1;
         }
         let origin = &source.origin;
         self.offsets
             .record(&origin.topic, origin.partition, origin.offset);
+        self.consumed.add(&origin.topic, payload_len(source));
+        if outputs.is_empty() {
+            self.filtered += 1;
+        }
         self.records += 1;
         Ok(Added::Yes)
     }
@@ -249,15 +281,18 @@ impl Txn {
         consumer: &BaseConsumer<C>,
     ) -> Result<Committed, EngineError> {
         if !self.open {
+            self.health.progressed();
             return Ok(Committed::Nothing);
         }
         self.attempts += 1;
+        let span = self.span.clone();
+        let _entered = span.enter();
         if self
             .settings
             .abort_every
             .is_some_and(|n| n > 0 && self.attempts % n == 0)
         {
-            self.abort_and_rewind(consumer, "failpoint: abort_every")?;
+            self.abort_and_rewind(consumer, AbortReason::Failpoint, "every n-th transaction")?;
             return Ok(Committed::Aborted);
         }
         let started = Instant::now();
@@ -266,12 +301,16 @@ impl Txn {
                 self.stats.committed += 1;
                 self.stats.records_committed += self.records;
                 self.stats.outputs_committed += self.outputs;
+                self.consumed.commit();
+                self.produced.commit();
+                telemetry::records_filtered(self.filtered);
                 telemetry::txn_committed(self.records, self.outputs, started.elapsed());
+                self.health.progressed();
                 self.reset();
                 Ok(Committed::Done)
             }
             Err(err) => {
-                self.fail(consumer, err, "commit")?;
+                self.fail(consumer, err, AbortReason::CommitFailed)?;
                 Ok(Committed::Aborted)
             }
         }
@@ -318,7 +357,7 @@ impl Txn {
     /// until the operation timeout passes.
     fn retrying<T>(
         &self,
-        operation: &str,
+        operation: &'static str,
         mut op: impl FnMut(&TxnProducer) -> KafkaResult<T>,
     ) -> KafkaResult<T> {
         let deadline = Instant::now() + self.settings.operation_timeout;
@@ -356,11 +395,11 @@ impl Txn {
         &mut self,
         consumer: &BaseConsumer<C>,
         err: KafkaError,
-        stage: &str,
+        reason: AbortReason,
     ) -> Result<(), EngineError> {
         match classify(traits_of(&err, self.producer_fatal())) {
             TxnAction::Retry | TxnAction::AbortAndRewind => {
-                self.abort_and_rewind(consumer, &format!("{stage} failed: {err}"))
+                self.abort_and_rewind(consumer, reason, &err.to_string())
             }
             TxnAction::Fatal => self.rebuild(consumer, err),
         }
@@ -370,7 +409,8 @@ impl Txn {
     pub fn abort_and_rewind<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
-        reason: &str,
+        reason: AbortReason,
+        detail: &str,
     ) -> Result<(), EngineError> {
         if self.open {
             // abort_transaction waits for the queue to empty, but on this producer only our
@@ -388,7 +428,7 @@ impl Txn {
                 return self.rebuild(consumer, err);
             }
             self.stats.aborted += 1;
-            telemetry::txn_aborted(reason, self.records);
+            telemetry::txn_aborted(reason, detail, self.records);
         }
         self.rewind(consumer)?;
         self.reset();
@@ -408,31 +448,42 @@ impl Txn {
             )));
         }
         self.rebuilt = true;
-        telemetry::producer_rebuilt(&err);
+        let fenced = traits_of(&err, false).fenced;
+        telemetry::producer_rebuilt(&err, fenced);
         self.producer
             .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
         self.producer = create_producer(&self.config, &self.settings)?;
         self.stats.producer_rebuilds += 1;
         if self.open {
             self.stats.aborted += 1;
-            telemetry::txn_aborted("producer rebuilt", self.records);
+            telemetry::txn_aborted(AbortReason::ProducerRebuilt, &err.to_string(), self.records);
         }
         self.rewind(consumer)?;
         self.reset();
         Ok(())
     }
 
-    /// Seeks every assigned partition back to its committed offset (or, where the group has
-    /// none yet, to the first offset the aborted transaction consumed).
+    /// Seeks the partitions the aborted transaction consumed from back to their committed
+    /// offsets (or, where the group has none yet, to the first offset the transaction
+    /// consumed). The other assigned partitions already stand at their committed offsets:
+    /// everything consumed before this transaction was committed.
     fn rewind<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
     ) -> Result<(), EngineError> {
+        let fatal = |what: &str, e: &dyn std::fmt::Display| {
+            EngineError::Fatal(format!("cannot rewind ({what}): {e}"))
+        };
+        let mut touched = TopicPartitionList::new();
+        for (topic, partition, _) in self.offsets.to_commit() {
+            touched.add_partition(topic, partition);
+        }
+        if touched.count() == 0 {
+            return Ok(());
+        }
         let committed = consumer
-            .committed(self.settings.operation_timeout)
-            .map_err(|e| {
-                EngineError::Fatal(format!("cannot read committed offsets to rewind: {e}"))
-            })?;
+            .committed_offsets(touched, self.settings.operation_timeout)
+            .map_err(|e| fatal("reading committed offsets", &e))?;
         let mut seeks = TopicPartitionList::new();
         for elem in committed.elements() {
             let target = match elem.offset() {
@@ -442,33 +493,37 @@ impl Txn {
             if let Some(o) = target {
                 seeks
                     .add_partition_offset(elem.topic(), elem.partition(), Offset::Offset(o))
-                    .map_err(|e| EngineError::Fatal(e.to_string()))?;
+                    .map_err(|e| fatal("building the seek list", &e))?;
             }
         }
-        if seeks.count() > 0 {
-            let result = consumer
-                .seek_partitions(seeks, self.settings.operation_timeout)
-                .map_err(|e| EngineError::Fatal(format!("cannot rewind: {e}")))?;
-            for elem in result.elements() {
-                if let Err(e) = elem.error() {
-                    return Err(EngineError::Fatal(format!(
-                        "cannot rewind {}[{}]: {e}",
-                        elem.topic(),
-                        elem.partition()
-                    )));
-                }
+        let result = consumer
+            .seek_partitions(seeks, self.settings.operation_timeout)
+            .map_err(|e| fatal("seeking", &e))?;
+        for elem in result.elements() {
+            if let Err(e) = elem.error() {
+                let at = format!("{}[{}]", elem.topic(), elem.partition());
+                return Err(fatal(&at, &e));
             }
         }
         Ok(())
     }
 
     fn reset(&mut self) {
+        self.consumed.discard();
+        self.produced.discard();
+        self.filtered = 0;
+        self.span = tracing::Span::none();
         self.open = false;
         self.offsets.clear();
         self.records = 0;
         self.outputs = 0;
         self.bytes = 0;
     }
+}
+
+/// Key and value bytes of a record.
+fn payload_len(rec: &Record) -> usize {
+    rec.key.as_ref().map_or(0, Vec::len) + rec.value.as_ref().map_or(0, Vec::len)
 }
 
 fn create_producer(

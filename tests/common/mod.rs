@@ -245,3 +245,26 @@ pub fn topology_yaml(name: &str, input: &str, output: &str, extra_runtime: &str)
         "name: {name}\ninputs:\n  - topic: {input}\npipeline:\n  - set_header: {{name: processed-by, value: onceflow}}\noutputs:\n  - topic: {output}\nruntime:\n  session_timeout_ms: 10000\n{extra_runtime}"
     )
 }
+
+/// A child process that is killed when dropped, so a failing test leaves no job behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,286 @@
+//! Metric names, their help texts, and the Prometheus recorder.
+//!
+//! Labels carry bounded values only: topic, partition, output topic, error kind, abort
+//! reason, retry stage, broker. The topology is a global label (one process runs one job).
+//! Per-record counts are accumulated by the transaction owner and added here at commit, so
+//! the counters count committed work exactly and the hot path touches no registry.
+
+use std::time::Duration;
+
+use metrics::{Counter, Unit, counter, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+
+pub const RECORDS_CONSUMED: &str = "onceflow_records_consumed_total";
+pub const BYTES_CONSUMED: &str = "onceflow_bytes_consumed_total";
+pub const RECORDS_PRODUCED: &str = "onceflow_records_produced_total";
+pub const BYTES_PRODUCED: &str = "onceflow_bytes_produced_total";
+pub const RECORDS_FILTERED: &str = "onceflow_records_filtered_total";
+pub const TXN_COMMITTED: &str = "onceflow_transactions_committed_total";
+pub const TXN_ABORTED: &str = "onceflow_transactions_aborted_total";
+pub const COMMIT_DURATION: &str = "onceflow_commit_duration_seconds";
+pub const TXN_RECORDS: &str = "onceflow_transaction_records";
+pub const TXN_OPEN_AGE: &str = "onceflow_open_transaction_age_seconds";
+pub const CONSUMER_LAG: &str = "onceflow_consumer_lag_records";
+pub const REBALANCES: &str = "onceflow_rebalances_total";
+pub const ASSIGNED_PARTITIONS: &str = "onceflow_assigned_partitions";
+pub const PRODUCER_REBUILDS: &str = "onceflow_producer_rebuilds_total";
+pub const FENCED: &str = "onceflow_fenced_total";
+pub const RETRIES: &str = "onceflow_retries_total";
+pub const CONSUMER_ERRORS: &str = "onceflow_consumer_errors_total";
+pub const BROKER_RTT: &str = "onceflow_kafka_broker_rtt_seconds";
+pub const BROKER_UP: &str = "onceflow_kafka_broker_up";
+pub const CLIENT_QUEUE_MESSAGES: &str = "onceflow_kafka_client_queue_messages";
+
+/// Every metric with its help text, for `/metrics` and the README.
+pub const CATALOGUE: &[(&str, &str)] = &[
+    (
+        RECORDS_CONSUMED,
+        "Consumed records whose offsets were committed, by input topic.",
+    ),
+    (
+        BYTES_CONSUMED,
+        "Key and value bytes of those records, by input topic.",
+    ),
+    (
+        RECORDS_PRODUCED,
+        "Records committed to an output, by output topic.",
+    ),
+    (
+        BYTES_PRODUCED,
+        "Key and value bytes of those records, by output topic.",
+    ),
+    (
+        RECORDS_FILTERED,
+        "Committed consumed records the pipeline produced nothing for.",
+    ),
+    (TXN_COMMITTED, "Transactions committed."),
+    (
+        TXN_ABORTED,
+        "Transactions aborted, by reason; their records are consumed again.",
+    ),
+    (
+        COMMIT_DURATION,
+        "Time to commit a transaction: draining deliveries, sending offsets, committing.",
+    ),
+    (TXN_RECORDS, "Consumed records per committed transaction."),
+    (
+        TXN_OPEN_AGE,
+        "Age of the open transaction (0 when none is open).",
+    ),
+    (
+        CONSUMER_LAG,
+        "Records between the consumer position and the last stable offset, by topic and partition.",
+    ),
+    (
+        REBALANCES,
+        "Rebalance events, by kind (assign, revoke, lost).",
+    ),
+    (
+        ASSIGNED_PARTITIONS,
+        "Partitions currently assigned to this instance.",
+    ),
+    (PRODUCER_REBUILDS, "Producers rebuilt after a fatal error."),
+    (
+        FENCED,
+        "Fencing events: another instance took over this instance's identity, by client.",
+    ),
+    (RETRIES, "Retried calls, by stage."),
+    (CONSUMER_ERRORS, "Non-fatal consumer errors."),
+    (
+        BROKER_RTT,
+        "Broker round-trip time, p99 of librdkafka's last statistics window, by client and broker.",
+    ),
+    (
+        BROKER_UP,
+        "1 when librdkafka's connection to the broker is UP, by client and broker.",
+    ),
+    (
+        CLIENT_QUEUE_MESSAGES,
+        "Messages waiting in librdkafka's queues, by client.",
+    ),
+];
+
+/// Installs the Prometheus recorder with `topology` as a global label. Gauges of partitions
+/// no longer assigned disappear after a minute without updates.
+pub fn install(topology: &str) -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .add_global_label("topology", topology)
+        .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(60)))
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(COMMIT_DURATION.to_string()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ],
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(TXN_RECORDS.to_string()),
+                &[1.0, 10.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0],
+            )
+        })
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    for (name, help) in CATALOGUE {
+        let name = *name;
+        let help = *help;
+        if name.ends_with("_total") {
+            describe_counter!(name, help);
+        } else if name == COMMIT_DURATION {
+            describe_histogram!(name, Unit::Seconds, help);
+        } else if name == TXN_RECORDS {
+            describe_histogram!(name, Unit::Count, help);
+        } else {
+            describe_gauge!(name, help);
+        }
+    }
+}
+
+/// Committed record and byte counts of one topic, with their counter handles.
+#[derive(Debug)]
+struct TopicCount {
+    topic: String,
+    records: u64,
+    bytes: u64,
+    records_counter: Counter,
+    bytes_counter: Counter,
+}
+
+/// Counts of the open transaction per topic, added to the counters when it commits and
+/// forgotten when it aborts. A job touches few topics: a vector beats a map.
+#[derive(Debug)]
+pub struct TopicCounts {
+    records_name: &'static str,
+    bytes_name: &'static str,
+    counts: Vec<TopicCount>,
+}
+
+impl TopicCounts {
+    pub fn consumed() -> TopicCounts {
+        TopicCounts::new(RECORDS_CONSUMED, BYTES_CONSUMED)
+    }
+
+    pub fn produced() -> TopicCounts {
+        TopicCounts::new(RECORDS_PRODUCED, BYTES_PRODUCED)
+    }
+
+    fn new(records_name: &'static str, bytes_name: &'static str) -> TopicCounts {
+        TopicCounts {
+            records_name,
+            bytes_name,
+            counts: Vec::new(),
+        }
+    }
+
+    /// Adds one record of `bytes` bytes on `topic` to the open transaction.
+    pub fn add(&mut self, topic: &str, bytes: usize) {
+        let entry = match self.counts.iter().position(|c| c.topic == topic) {
+            Some(i) => &mut self.counts[i],
+            None => {
+                let labels = [("topic", topic.to_string())];
+                self.counts.push(TopicCount {
+                    topic: topic.to_string(),
+                    records: 0,
+                    bytes: 0,
+                    records_counter: counter!(self.records_name, &labels),
+                    bytes_counter: counter!(self.bytes_name, &labels),
+                });
+                let last = self.counts.len() - 1;
+                &mut self.counts[last]
+            }
+        };
+        entry.records += 1;
+        entry.bytes += bytes as u64;
+    }
+
+    /// The transaction committed: publish its counts.
+    pub fn commit(&mut self) {
+        for c in &mut self.counts {
+            c.records_counter.increment(c.records);
+            c.bytes_counter.increment(c.bytes);
+            c.records = 0;
+            c.bytes = 0;
+        }
+    }
+
+    /// The transaction aborted: its records will be counted when they commit.
+    pub fn discard(&mut self) {
+        for c in &mut self.counts {
+            c.records = 0;
+            c.bytes = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for (name, help) in CATALOGUE {
+            assert!(name.starts_with("onceflow_"), "{name}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{name}"
+            );
+            assert!(!help.is_empty() && help.ends_with('.'), "{name}: {help}");
+            if name.ends_with("_total") {
+                assert!(!name.contains("seconds"), "{name}");
+            }
+        }
+        let mut names: Vec<_> = CATALOGUE.iter().map(|(n, _)| n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), CATALOGUE.len(), "duplicate metric name");
+    }
+
+    #[test]
+    fn topic_counts_publish_only_committed_work() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let mut counts = TopicCounts::consumed();
+            counts.add("a", 10);
+            counts.add("a", 5);
+            counts.discard();
+            counts.add("a", 1);
+            counts.add("b", 2);
+            counts.commit();
+        });
+        let mut seen: Vec<(String, String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let topic = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "topic")
+                    .map(|l| l.value().to_string())
+                    .unwrap_or_default();
+                let v = match value {
+                    metrics_util::debugging::DebugValue::Counter(v) => v,
+                    other => panic!("unexpected {other:?}"),
+                };
+                (key.key().name().to_string(), topic, v)
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                (BYTES_CONSUMED.into(), "a".into(), 1),
+                (BYTES_CONSUMED.into(), "b".into(), 2),
+                (RECORDS_CONSUMED.into(), "a".into(), 1),
+                (RECORDS_CONSUMED.into(), "b".into(), 1),
+            ]
+        );
+    }
+}
