@@ -242,6 +242,22 @@ mod tests {
     }
 
     #[test]
+    fn every_metric_is_documented_and_on_the_dashboard() {
+        let readme = include_str!("../../README.md");
+        let dashboard = include_str!("../../deploy/grafana/onceflow.json");
+        for (name, _) in CATALOGUE {
+            assert!(
+                readme.contains(&format!("`{name}`")),
+                "{name} missing from README"
+            );
+            assert!(
+                dashboard.contains(name),
+                "{name} missing from the dashboard"
+            );
+        }
+    }
+
+    #[test]
     fn topic_counts_publish_only_committed_work() {
         let recorder = metrics_util::debugging::DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
