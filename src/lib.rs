@@ -20,6 +20,7 @@
 //! per topology and instance: after a crash the restarted instance fences its previous
 //! incarnation and the broker aborts whatever it left open.
 
+pub mod dlq;
 pub mod embedded;
 pub mod engine;
 pub mod telemetry;

@@ -67,6 +67,8 @@ pub struct RunOptions {
 pub struct Summary {
     pub txn: TxnStats,
     pub elapsed: Duration,
+    /// Time from the first consumed record to the end: throughput without start-up.
+    pub busy: Duration,
 }
 
 /// The consumer's context: it reaches the transaction owner from the rebalance callback.
@@ -230,6 +232,7 @@ pub fn run(
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
     let mut next_tick = Instant::now();
+    let mut first_record: Option<Instant> = None;
     let max_wait = Duration::from_millis(100);
 
     let result = loop {
@@ -256,6 +259,7 @@ pub fn run(
             Some(Err(e)) => telemetry::consumer_error(&e),
             Some(Ok(msg)) => {
                 consumed += 1;
+                first_record.get_or_insert_with(Instant::now);
                 let record = to_record(&msg);
                 drop(msg);
                 let _record_span = record_span(&record).entered();
@@ -341,5 +345,6 @@ pub fn run(
     Ok(Summary {
         txn: stats,
         elapsed: started.elapsed(),
+        busy: first_record.map_or(Duration::ZERO, |t| t.elapsed()),
     })
 }
