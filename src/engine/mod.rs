@@ -77,6 +77,7 @@ struct EngineContext {
     /// A fatal error raised inside a callback, for the loop to return.
     failure: Mutex<Option<EngineError>>,
     health: Arc<Health>,
+    assigned: std::sync::atomic::AtomicI64,
 }
 
 impl ClientContext for EngineContext {
@@ -88,8 +89,12 @@ impl ClientContext for EngineContext {
 impl ConsumerContext for EngineContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Assign(tpl) => telemetry::partitions_assigned(&partitions(tpl)),
+            Rebalance::Assign(tpl) => {
+                telemetry::partitions_assigned(&partitions(tpl));
+                self.count_assigned(tpl.count() as i64);
+            }
             Rebalance::Revoke(tpl) => {
+                self.count_assigned(-(tpl.count() as i64));
                 let lost = consumer.assignment_lost();
                 telemetry::partitions_revoked(&partitions(tpl), lost);
                 let mut txn = lock(&self.txn);
@@ -108,10 +113,17 @@ impl ConsumerContext for EngineContext {
         }
     }
 
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, _: &Rebalance<'_>) {
-        let assigned = consumer.assignment().map_or(0, |tpl| tpl.count());
-        telemetry::assignment_size(assigned);
-        self.health.set_assigned(assigned);
+}
+
+impl EngineContext {
+    /// Keeps the number of assigned partitions from the rebalance events themselves: asking
+    /// the consumer (`assignment()`) from a rebalance callback deadlocks while it closes.
+    /// Cooperative rebalances carry the partitions added or removed; eager ones revoke
+    /// everything before assigning the new set, so the sum holds for both.
+    fn count_assigned(&self, delta: i64) {
+        let now = (self.assigned.fetch_add(delta, Ordering::Relaxed) + delta).max(0) as usize;
+        telemetry::assignment_size(now);
+        self.health.set_assigned(now);
     }
 }
 
@@ -210,6 +222,7 @@ pub fn run(
         txn: Arc::clone(&txn),
         failure: Mutex::new(None),
         health: Arc::clone(&health),
+        assigned: std::sync::atomic::AtomicI64::new(0),
     };
     let consumer: BaseConsumer<EngineContext> = consumer_config
         .create_with_context(context)
