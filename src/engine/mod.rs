@@ -12,6 +12,7 @@
 pub mod classify;
 pub mod clients;
 pub mod offsets;
+pub mod retry;
 pub mod txn;
 
 use std::sync::atomic::{AtomicBool, Ordering};
