@@ -11,10 +11,11 @@
 //! that suits exactly-once processing: a missing field or a type mismatch is an error we can
 //! report as permanent, rather than a silent null.
 //!
-//! Speed: an expression is bound only to the variables it references, and `value` (the
-//! decoded JSON document) only to the top-level fields the expression selects (`value.status`
-//! binds `status` alone, strings borrowed, not copied). Only an expression that uses `value`
-//! as a whole (`size(value)`, `value[k]`) gets the whole document converted.
+//! Speed: nothing is bound up front. Variables are resolved on access by a resolver over the
+//! record (the crate's `VariableResolver`); CEL resolves `value.status` as a qualified name
+//! first, so the resolver answers it with that one field of the lazily decoded document
+//! ([`super::doc`]), strings borrowed, not copied. Only an expression that uses `value` as a
+//! whole (`size(value)`, `value[k]`) gets the whole document converted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -23,11 +24,13 @@ use cel::common::ast::{EntryExpr, Expr as Ast};
 use cel::common::types::{
     CelBool, CelBytes, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
 };
-use cel::common::value::Val;
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
 use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
 use serde_json::Value as Json;
 
 use super::Origin;
+use super::doc::{Doc, Field};
 
 /// The variables an expression can use.
 pub const VARIABLES: &[&str] = &[
@@ -60,8 +63,8 @@ fn env() -> Arc<Env> {
 enum ValueUse {
     #[default]
     Unused,
-    /// Only these top-level fields are selected (`value.a`, `has(value.b)`).
-    Fields(Vec<String>),
+    /// Only the values at these paths are used (`value.a.b`, `has(value.c)`).
+    Paths(Vec<Vec<String>>),
     /// As a whole.
     Whole,
 }
@@ -87,20 +90,29 @@ pub struct Expression {
 }
 
 /// What an expression evaluates against: one record's parts, borrowed.
-pub struct Scope<'a> {
+pub struct Scope<'s, 'a> {
     /// The decoded value: JSON, or raw bytes.
-    pub value: ValueRef<'a>,
-    pub key: Option<&'a [u8]>,
-    pub headers: &'a [(String, Vec<u8>)],
+    pub value: ValueRef<'s, 'a>,
+    pub key: Option<&'s [u8]>,
+    pub headers: &'s [(String, Vec<u8>)],
     pub timestamp: Option<i64>,
-    pub origin: &'a Origin,
+    pub origin: &'s Origin,
 }
 
 /// A record value as expressions see it.
 #[derive(Clone, Copy)]
-pub enum ValueRef<'a> {
-    Json(&'a Json),
-    Raw(Option<&'a [u8]>),
+pub enum ValueRef<'s, 'a> {
+    /// A JSON document; `None` for a record without value (`null`).
+    Json(Option<&'s Doc<'a>>),
+    Raw(Option<&'s [u8]>),
+}
+
+/// What of the JSON value an expression needs prepared (see [`Doc::prepare`]) before it
+/// runs.
+pub enum Needs<'e> {
+    Nothing,
+    Paths(&'e [Vec<String>]),
+    Whole,
 }
 
 impl std::fmt::Debug for Expression {
@@ -149,75 +161,183 @@ impl Expression {
         &self.source
     }
 
-    /// Evaluates the expression on a record.
-    pub fn eval(&self, scope: &Scope<'_>) -> Result<Value, ExecutionError> {
+    /// What of the JSON value to prepare before evaluating.
+    pub fn needs(&self) -> Needs<'_> {
+        match &self.uses.value {
+            ValueUse::Unused => Needs::Nothing,
+            ValueUse::Paths(paths) => Needs::Paths(paths),
+            ValueUse::Whole => Needs::Whole,
+        }
+    }
+
+    /// Evaluates the expression on a record whose JSON value had what [`Expression::needs`]
+    /// decoded.
+    pub fn eval(&self, scope: &Scope<'_, '_>) -> Result<Value, ExecutionError> {
+        let resolver = Resolver {
+            scope,
+            uses: &self.uses,
+        };
         let mut ctx = Context::with_env(Arc::clone(&self.env));
-        let u = &self.uses;
-        match &u.value {
-            ValueUse::Unused => {}
-            ValueUse::Whole => ctx.add_variable_as_val("value", value_val(scope.value, None)),
-            ValueUse::Fields(fields) => {
-                ctx.add_variable_as_val("value", value_val(scope.value, Some(fields)))
-            }
-        }
-        if u.key {
-            ctx.add_variable_as_val("key", bytes_val(scope.key));
-        }
-        if u.headers {
-            let map: HashMap<CelMapKey<'_>, Box<dyn Val + '_>> = scope
-                .headers
-                .iter()
-                .map(|(k, v)| (CelMapKey::from(k.as_str()), bytes_val(Some(v))))
-                .collect();
-            ctx.add_variable_as_val("headers", Box::new(CelMap::from(map)));
-        }
-        if u.timestamp {
-            let ts: Box<dyn Val> = match scope.timestamp {
-                Some(t) => Box::new(CelInt::from(t)),
-                None => Box::new(CelNull),
-            };
-            ctx.add_variable_as_val("timestamp", ts);
-        }
-        if u.topic {
-            ctx.add_variable_as_val(
-                "topic",
-                Box::new(CelString::from(scope.origin.topic.as_str())),
-            );
-        }
-        if u.partition {
-            ctx.add_variable_as_val(
-                "partition",
-                Box::new(CelInt::from(i64::from(scope.origin.partition))),
-            );
-        }
-        if u.offset {
-            ctx.add_variable_as_val("offset", Box::new(CelInt::from(scope.origin.offset)));
-        }
+        ctx.set_variable_resolver(&resolver);
         self.program.execute(&ctx)
     }
+
+    /// Evaluates a predicate: `Ok(None)` when the result is not a bool.
+    pub fn eval_bool(&self, scope: &Scope<'_, '_>) -> Result<Option<bool>, ExecutionError> {
+        let resolver = Resolver {
+            scope,
+            uses: &self.uses,
+        };
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
+        ctx.set_variable_resolver(&resolver);
+        let result = Value::resolve_val(self.program.expression(), &ctx)?;
+        Ok(result.downcast_ref::<CelBool>().map(|b| bool::from(*b)))
+    }
+}
+
+/// Resolves the variables of one evaluation on access.
+struct Resolver<'r, 's, 'a> {
+    scope: &'r Scope<'s, 'a>,
+    uses: &'r Uses,
+}
+
+impl VariableResolver for Resolver<'_, '_, '_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        let scope = self.scope;
+        if let Some(path) = variable.strip_prefix("value.") {
+            return field_val(scope.value, path).map(CowVal::Owned);
+        }
+        let val: Box<dyn Val + 'b> = match variable {
+            "value" => match &self.uses.value {
+                ValueUse::Paths(paths) => value_val(scope.value, Some(paths.as_slice())),
+                _ => value_val(scope.value, None),
+            },
+            "key" => bytes_val(scope.key),
+            "headers" => {
+                let map: HashMap<CelMapKey<'b>, Box<dyn Val + 'b>> = scope
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (CelMapKey::from(k.as_str()), bytes_val(Some(v))))
+                    .collect();
+                Box::new(CelMap::from(map))
+            }
+            "timestamp" => match scope.timestamp {
+                Some(t) => Box::new(CelInt::from(t)),
+                None => Box::new(CelNull),
+            },
+            "topic" => Box::new(CelString::from(scope.origin.topic.as_str())),
+            "partition" => Box::new(CelInt::from(i64::from(scope.origin.partition))),
+            "offset" => Box::new(CelInt::from(scope.origin.offset)),
+            _ => return None,
+        };
+        Some(CowVal::Owned(val))
+    }
+}
+
+/// `value.a.b` resolved directly: field `a` of the document, then `b` inside it. `None` when
+/// absent: CEL then selects step by step and reports the missing key.
+fn field_val<'b>(value: ValueRef<'b, '_>, path: &str) -> Option<Box<dyn Val + 'b>> {
+    let ValueRef::Json(Some(doc)) = value else {
+        return None;
+    };
+    let mut parts = path.split('.');
+    let mut field = doc.get(parts.next()?)?;
+    loop {
+        let Some(part) = parts.next() else {
+            return Some(field_to_val(field));
+        };
+        match field {
+            Field::Object(inner) => field = inner.get(part)?,
+            Field::Value(json) => {
+                let mut current = json.as_object()?.get(part)?;
+                for part in parts {
+                    current = current.as_object()?.get(part)?;
+                }
+                return Some(json_val(current));
+            }
+            // Not prepared for this path (`Expression::needs`): let CEL select step by step.
+            Field::Raw(_) => return None,
+        }
+    }
+}
+
+/// A field as a CEL value. A raw field that is not plain is only reachable here while CEL
+/// reports a missing key, or tests presence: it stands as null.
+fn field_to_val<'b>(field: &'b Field<'_>) -> Box<dyn Val + 'b> {
+    match field {
+        Field::Raw(raw) => raw_val(raw.get()).unwrap_or_else(|| Box::new(CelNull)),
+        Field::Object(doc) => doc_val(doc, None),
+        Field::Value(json) => json_val(json),
+    }
+}
+
+/// An object of the document as a CEL map; with `paths`, only the fields they start with.
+fn doc_val<'b>(doc: &'b Doc<'_>, paths: Option<&'b [Vec<String>]>) -> Box<dyn Val + 'b> {
+    match doc {
+        Doc::Other(json) => json_val(json),
+        Doc::Object(fields) => {
+            let map: HashMap<CelMapKey<'b>, Box<dyn Val + 'b>> = match paths {
+                Some(paths) => paths
+                    .iter()
+                    .filter_map(|p| p.first())
+                    .filter_map(|k| {
+                        doc.get(k)
+                            .map(|f| (CelMapKey::from(k.as_str()), field_to_val(f)))
+                    })
+                    .collect(),
+                None => fields
+                    .iter()
+                    .map(|(k, f)| (CelMapKey::from(k.as_ref()), field_to_val(f)))
+                    .collect(),
+            };
+            Box::new(CelMap::from(map))
+        }
+    }
+}
+
+/// A plain raw JSON scalar (number, bool, null, string without escapes) as a CEL value.
+fn raw_val(text: &str) -> Option<Box<dyn Val + '_>> {
+    Some(match text.as_bytes().first()? {
+        b'"' if !text.contains('\\') => Box::new(CelString::from(&text[1..text.len() - 1])),
+        b't' => Box::new(CelBool::from(true)),
+        b'f' => Box::new(CelBool::from(false)),
+        b'n' => Box::new(CelNull),
+        b'{' | b'[' | b'"' => return None,
+        _ => {
+            if let Ok(i) = text.parse::<i64>() {
+                Box::new(CelInt::from(i))
+            } else if let Ok(u) = text.parse::<u64>() {
+                Box::new(CelUInt::from(u))
+            } else {
+                Box::new(CelDouble::from(text.parse::<f64>().ok()?))
+            }
+        }
+    })
 }
 
 /// Collects what `e` references; `bound` holds the comprehension variables in scope.
 fn analyze(e: &IdedExpr, bound: &mut Vec<String>, uses: &mut Uses, unknown: &mut BTreeSet<String>) {
     match &e.expr {
         Ast::Select(select) => {
-            if let Ast::Ident(name) = &select.operand.expr {
-                if name == "value" && !bound.iter().any(|b| b == "value") {
-                    match &mut uses.value {
-                        ValueUse::Whole => {}
-                        ValueUse::Fields(fields) => {
-                            if !fields.contains(&select.field) {
-                                fields.push(select.field.clone());
-                            }
-                        }
-                        unused @ ValueUse::Unused => {
-                            *unused = ValueUse::Fields(vec![select.field.clone()]);
-                        }
+            // `value.a.b` (or `has(value.a.b)`): only what is at that path is needed.
+            let path = if select.test {
+                value_path(&select.operand, bound).map(|mut p| {
+                    p.push(select.field.clone());
+                    p
+                })
+            } else {
+                value_path(e, bound)
+            };
+            match (path, &mut uses.value) {
+                (Some(_), ValueUse::Whole) => {}
+                (Some(path), ValueUse::Paths(paths)) => {
+                    if !paths.contains(&path) {
+                        paths.push(path);
                     }
-                    return;
                 }
+                (Some(path), unused @ ValueUse::Unused) => *unused = ValueUse::Paths(vec![path]),
+                (None, _) => analyze(&select.operand, bound, uses, unknown),
             }
-            analyze(&select.operand, bound, uses, unknown);
         }
         Ast::Ident(name) => {
             if name.starts_with('@') || bound.iter().any(|b| b == name) {
@@ -271,6 +391,26 @@ fn analyze(e: &IdedExpr, bound: &mut Vec<String>, uses: &mut Uses, unknown: &mut
     }
 }
 
+/// The path of `e` when it is field selections on `value` (`value.a.b` gives `[a, b]`,
+/// `value` itself `[]`).
+fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
+    let mut path = Vec::new();
+    let mut current = e;
+    loop {
+        match &current.expr {
+            Ast::Select(s) if !s.test => {
+                path.push(s.field.clone());
+                current = &s.operand;
+            }
+            Ast::Ident(name) if name == "value" && !bound.iter().any(|b| b == "value") => {
+                path.reverse();
+                return Some(path);
+            }
+            _ => return None,
+        }
+    }
+}
+
 fn entries(
     entries: &[cel::common::ast::IdedEntryExpr],
     bound: &mut Vec<String>,
@@ -288,21 +428,12 @@ fn entries(
     }
 }
 
-/// `value` as a CEL value: the whole document, or an object of the `fields` it has.
-fn value_val<'a>(value: ValueRef<'a>, fields: Option<&[String]>) -> Box<dyn Val + 'a> {
-    match (value, fields) {
-        (ValueRef::Raw(bytes), _) => bytes_val(bytes),
-        (ValueRef::Json(Json::Object(obj)), Some(fields)) => {
-            let map: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = fields
-                .iter()
-                .filter_map(|f| {
-                    obj.get_key_value(f.as_str())
-                        .map(|(k, v)| (CelMapKey::from(k.as_str()), json_val(v)))
-                })
-                .collect();
-            Box::new(CelMap::from(map))
-        }
-        (ValueRef::Json(json), _) => json_val(json),
+/// `value` as a CEL value: the whole document, or an object of the fields `paths` start with.
+fn value_val<'b>(value: ValueRef<'b, '_>, paths: Option<&'b [Vec<String>]>) -> Box<dyn Val + 'b> {
+    match value {
+        ValueRef::Raw(bytes) => bytes_val(bytes),
+        ValueRef::Json(None) => Box::new(CelNull),
+        ValueRef::Json(Some(doc)) => doc_val(doc, paths),
     }
 }
 
@@ -409,22 +540,31 @@ mod tests {
     fn eval(src: &str, value: &Json) -> Result<Value, ExecutionError> {
         let origin = origin();
         let headers = vec![("h".to_string(), b"v".to_vec())];
+        let text = value.to_string();
+        let mut doc = Doc::parse(text.as_bytes()).unwrap();
+        let e = Expression::compile(src).unwrap();
+        match e.needs() {
+            Needs::Nothing => {}
+            Needs::Whole => doc.decode_all(),
+            Needs::Paths(paths) => paths.iter().for_each(|p| doc.prepare(p)),
+        }
         let scope = Scope {
-            value: ValueRef::Json(value),
+            value: ValueRef::Json(Some(&doc)),
             key: Some(b"k1"),
             headers: &headers,
             timestamp: Some(1000),
             origin: &origin,
         };
-        Expression::compile(src).unwrap().eval(&scope)
+        e.eval(&scope)
     }
 
     #[test]
     fn only_selected_fields_are_bound() {
         let e = Expression::compile("value.a > 1 && has(value.b) && value.c.d == 'x'").unwrap();
+        let path = |p: &str| p.split('.').map(str::to_string).collect::<Vec<_>>();
         assert_eq!(
             e.uses.value,
-            ValueUse::Fields(vec!["a".into(), "b".into(), "c".into()])
+            ValueUse::Paths(vec![path("a"), path("b"), path("c.d")])
         );
         let e = Expression::compile("size(value) > 1").unwrap();
         assert_eq!(e.uses.value, ValueUse::Whole);

@@ -6,16 +6,19 @@
 //! the decoded form (`serde_json::Value` for JSON), and it is encoded once per output record.
 //! Expressions are CEL, compiled once by [`Pipeline::compile`] (see [`expr`]).
 
+pub mod doc;
 pub mod expr;
 
 use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
+use doc::{Doc, type_name};
+
 use crate::topology::{
     Codec, ConfigIssue, HeaderPolicy, Processor, RouteMode, SetHeaderConfig, Topology,
 };
-use expr::{Expression, Scope, ValueRef};
+use expr::{Expression, Needs, Scope, ValueRef};
 
 /// Where a consumed record came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,32 +118,45 @@ impl TransformError {
     }
 }
 
-/// A record's value while it goes through the pipeline.
+/// A record's value while it goes through the pipeline, borrowing the consumed bytes.
 #[derive(Debug, Clone)]
-enum Body {
-    Raw(Option<Vec<u8>>),
+enum Body<'a> {
+    Raw(Option<&'a [u8]>),
     /// `None`: a tombstone (no value), `null` to expressions.
-    Json(Option<Json>),
+    Json(Option<Doc<'a>>),
 }
 
 /// A record while it goes through the pipeline.
 #[derive(Debug, Clone)]
-struct Work {
+struct Work<'a> {
     key: Option<Vec<u8>>,
-    body: Body,
+    body: Body<'a>,
     headers: Vec<(String, Vec<u8>)>,
     timestamp: Option<i64>,
     origin: Origin,
 }
 
-static NULL: Json = Json::Null;
+impl<'a> Work<'a> {
+    /// Decodes what `e` needs of the JSON value.
+    fn prepare(&mut self, e: &Expression) {
+        if let Body::Json(Some(doc)) = &mut self.body {
+            match e.needs() {
+                Needs::Nothing => {}
+                Needs::Paths(paths) => {
+                    for p in paths {
+                        doc.prepare(p);
+                    }
+                }
+                Needs::Whole => doc.decode_all(),
+            }
+        }
+    }
 
-impl Work {
-    fn scope(&self) -> Scope<'_> {
+    fn scope(&self) -> Scope<'_, 'a> {
         Scope {
             value: match &self.body {
-                Body::Raw(b) => ValueRef::Raw(b.as_deref()),
-                Body::Json(j) => ValueRef::Json(j.as_ref().unwrap_or(&NULL)),
+                Body::Raw(b) => ValueRef::Raw(*b),
+                Body::Json(doc) => ValueRef::Json(doc.as_ref()),
             },
             key: self.key.as_deref(),
             headers: &self.headers,
@@ -364,16 +380,15 @@ impl Pipeline {
             .get(&record.origin.topic)
             .copied()
             .unwrap_or_default();
-        let body = match (codec, record.value) {
+        let value = record.value;
+        let body = match (codec, value.as_deref()) {
             (Codec::Raw, value) => Body::Raw(value),
             (Codec::Json, None) => Body::Json(None),
             (Codec::Json, Some(bytes)) => {
-                Body::Json(Some(serde_json::from_slice(&bytes).map_err(|e| {
-                    TransformError {
-                        kind: ErrorKind::BadJson,
-                        stage: Stage::Decode,
-                        message: format!("the value is not valid JSON: {e}"),
-                    }
+                Body::Json(Some(Doc::parse(bytes).map_err(|e| TransformError {
+                    kind: ErrorKind::BadJson,
+                    stage: Stage::Decode,
+                    message: format!("the value is not valid JSON: {e}"),
                 })?))
             }
         };
@@ -396,7 +411,7 @@ impl Pipeline {
     fn run(
         &self,
         from: usize,
-        mut work: Work,
+        mut work: Work<'_>,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), TransformError> {
         for (index, (step, name)) in self.steps.iter().enumerate().skip(from) {
@@ -405,52 +420,64 @@ impl Pipeline {
                 stage: Stage::Processor { index, name },
                 message,
             };
-            let eval = |e: &Expression, work: &Work| {
+            let eval = |e: &Expression, work: &mut Work<'_>| {
+                work.prepare(e);
                 e.eval(&work.scope()).map_err(|err| {
                     let (kind, message) = eval_error(e, err);
                     fail(kind, message)
                 })
             };
             match step {
-                Step::Filter(e) => match eval(e, &work)? {
-                    cel::Value::Bool(true) => {}
-                    cel::Value::Bool(false) => return Ok(()),
-                    other => {
-                        return Err(fail(
-                            ErrorKind::WrongType,
-                            format!("`{}` gave {:?}, not a bool", e.source(), other),
-                        ));
+                Step::Filter(e) => {
+                    work.prepare(e);
+                    match e.eval_bool(&work.scope()) {
+                        Ok(Some(true)) => {}
+                        Ok(Some(false)) => return Ok(()),
+                        Ok(None) => {
+                            return Err(fail(
+                                ErrorKind::WrongType,
+                                format!("`{}` did not give a bool", e.source()),
+                            ));
+                        }
+                        Err(err) => {
+                            let (kind, message) = eval_error(e, err);
+                            return Err(fail(kind, message));
+                        }
                     }
-                },
+                }
                 Step::Map(fields) => {
                     let mut values = Vec::with_capacity(fields.len());
                     for (_, e) in fields {
-                        let v = eval(e, &work)?;
+                        let v = eval(e, &mut work)?;
                         values.push(expr::to_json(&v).map_err(|m| {
                             fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
                         })?);
                     }
                     let doc = json_mut(&mut work, &fail)?;
                     for ((path, _), v) in fields.iter().zip(values) {
-                        set_path(doc, path, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                        doc.set(path, v)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
                     }
                 }
                 Step::DropFields(paths) => {
                     let doc = json_mut(&mut work, &fail)?;
                     for path in paths {
-                        take_path(doc, path);
+                        doc.remove(path)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
                     }
                 }
                 Step::Rename(moves) => {
                     let doc = json_mut(&mut work, &fail)?;
                     for (from, to) in moves {
-                        if let Some(v) = take_path(doc, from) {
-                            set_path(doc, to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                        if let Some(v) =
+                            doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))?
+                        {
+                            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
                         }
                     }
                 }
                 Step::SetKey(e) => {
-                    let v = eval(e, &work)?;
+                    let v = eval(e, &mut work)?;
                     work.key = expr::to_bytes(&v).map_err(|m| {
                         fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
                     })?;
@@ -462,7 +489,7 @@ impl Pipeline {
                     let bytes = match value {
                         HeaderValue::Fixed(b) => b.clone(),
                         HeaderValue::Computed(e) => {
-                            let v = eval(e, &work)?;
+                            let v = eval(e, &mut work)?;
                             expr::to_bytes(&v)
                                 .map_err(|m| {
                                     fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
@@ -475,7 +502,7 @@ impl Pipeline {
                 }
                 Step::DropEmpty => {
                     let empty = match &work.body {
-                        Body::Raw(v) => v.as_ref().is_none_or(|v| v.is_empty()),
+                        Body::Raw(v) => v.is_none_or(<[u8]>::is_empty),
                         Body::Json(v) => v.is_none(),
                     };
                     if empty {
@@ -484,7 +511,8 @@ impl Pipeline {
                 }
                 Step::Explode { field, into } => {
                     let doc = json_mut(&mut work, &fail)?;
-                    let items = match take_path(doc, field) {
+                    let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                    let items = match taken {
                         Some(Json::Array(items)) => items,
                         Some(other) => {
                             return Err(fail(
@@ -525,7 +553,8 @@ impl Pipeline {
                             work.clone()
                         };
                         let doc = json_mut(&mut each, &fail)?;
-                        set_path(doc, into, item).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                        doc.set(into, item)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
                         self.run(index + 1, each, out)?;
                     }
                     return Ok(());
@@ -536,7 +565,11 @@ impl Pipeline {
     }
 
     /// Hands a record that went through every step to its outputs, encoded.
-    fn emit(&self, work: Work, out: &mut Vec<(usize, Record)>) -> Result<(), TransformError> {
+    fn emit(
+        &self,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), TransformError> {
         let Some(route) = &self.route else {
             return self.write(0, work, out);
         };
@@ -550,12 +583,13 @@ impl Pipeline {
         };
         let mut targets: Vec<usize> = Vec::new();
         for (e, to) in &route.rules {
-            let matched = match e.eval(&work.scope()) {
-                Ok(cel::Value::Bool(b)) => b,
-                Ok(other) => {
+            work.prepare(e);
+            let matched = match e.eval_bool(&work.scope()) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
                     return Err(fail(
                         ErrorKind::WrongType,
-                        format!("`{}` gave {:?}, not a bool", e.source(), other),
+                        format!("`{}` did not give a bool", e.source()),
                     ));
                 }
                 Err(err) => {
@@ -594,7 +628,7 @@ impl Pipeline {
     fn write(
         &self,
         index: usize,
-        work: Work,
+        mut work: Work<'_>,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), TransformError> {
         let Some(spec) = self.outputs.get(index) else {
@@ -611,6 +645,7 @@ impl Pipeline {
         let key = match &spec.key {
             None => work.key.clone(),
             Some(e) => {
+                work.prepare(e);
                 let v = e.eval(&work.scope()).map_err(|err| {
                     let (kind, message) = eval_error(e, err);
                     fail(kind, message)
@@ -619,18 +654,24 @@ impl Pipeline {
                     .map_err(|m| fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source())))?
             }
         };
-        let value = match (spec.codec, work.body) {
-            (Codec::Raw, Body::Raw(v)) => v,
-            (Codec::Raw, Body::Json(Some(Json::String(s)))) => Some(s.into_bytes()),
+        let value = match (spec.codec, &work.body) {
+            (Codec::Raw, Body::Raw(v)) => v.map(<[u8]>::to_vec),
+            (Codec::Raw, Body::Json(Some(Doc::Other(Json::String(s))))) => {
+                Some(s.as_bytes().to_vec())
+            }
             (_, Body::Json(None)) => None,
-            (_, Body::Json(Some(doc))) => Some(serde_json::to_vec(&doc).map_err(|e| {
-                fail(
-                    ErrorKind::WrongType,
-                    format!("cannot encode the value: {e}"),
-                )
-            })?),
+            (_, Body::Json(Some(doc))) => {
+                let mut bytes = Vec::with_capacity(256);
+                doc.encode(&mut bytes).map_err(|e| {
+                    fail(
+                        ErrorKind::WrongType,
+                        format!("cannot encode the value: {e}"),
+                    )
+                })?;
+                Some(bytes)
+            }
             (Codec::Json, Body::Raw(v)) => {
-                if let Some(bytes) = &v {
+                if let Some(bytes) = v {
                     serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| {
                         fail(
                             ErrorKind::BadJson,
@@ -638,7 +679,7 @@ impl Pipeline {
                         )
                     })?;
                 }
-                v
+                v.map(<[u8]>::to_vec)
             }
         };
         let headers = match spec.headers {
@@ -678,16 +719,16 @@ fn eval_error(e: &Expression, err: cel::ExecutionError) -> (ErrorKind, String) {
 }
 
 /// The JSON document of `work`, for a processor that changes it.
-fn json_mut<'w>(
-    work: &'w mut Work,
+fn json_mut<'w, 'a>(
+    work: &'w mut Work<'a>,
     fail: &dyn Fn(ErrorKind, String) -> TransformError,
-) -> Result<&'w mut serde_json::Map<String, Json>, TransformError> {
+) -> Result<&'w mut Doc<'a>, TransformError> {
     match &mut work.body {
-        Body::Json(Some(Json::Object(map))) => Ok(map),
-        Body::Json(Some(other)) => Err(fail(
+        Body::Json(Some(Doc::Other(other))) => Err(fail(
             ErrorKind::WrongType,
             format!("the value is {}, not a JSON object", type_name(other)),
         )),
+        Body::Json(Some(doc)) => Ok(doc),
         Body::Json(None) => Err(fail(
             ErrorKind::WrongType,
             "the record has no value (a tombstone); drop those first with `drop_empty`".into(),
@@ -697,60 +738,6 @@ fn json_mut<'w>(
             "the value is raw bytes; this processor needs `codec: json` inputs".into(),
         )),
     }
-}
-
-fn type_name(v: &Json) -> &'static str {
-    match v {
-        Json::Null => "null",
-        Json::Bool(_) => "a bool",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
-    }
-}
-
-/// Sets `path` in `doc`, creating missing parent objects.
-fn set_path(
-    doc: &mut serde_json::Map<String, Json>,
-    path: &[String],
-    value: Json,
-) -> Result<(), String> {
-    let Some((last, parents)) = path.split_last() else {
-        return Ok(());
-    };
-    let mut current = doc;
-    for (depth, part) in parents.iter().enumerate() {
-        let slot = current
-            .entry(part.clone())
-            .or_insert_with(|| Json::Object(serde_json::Map::new()));
-        current = match slot {
-            Json::Object(map) => map,
-            other => {
-                return Err(format!(
-                    "cannot set `{}`: `{}` is {}, not an object",
-                    path.join("."),
-                    path[..=depth].join("."),
-                    type_name(other)
-                ));
-            }
-        };
-    }
-    current.insert(last.clone(), value);
-    Ok(())
-}
-
-/// Removes `path` from `doc` and returns what was there.
-fn take_path(doc: &mut serde_json::Map<String, Json>, path: &[String]) -> Option<Json> {
-    let (last, parents) = path.split_last()?;
-    let mut current = doc;
-    for part in parents {
-        current = match current.get_mut(part.as_str()) {
-            Some(Json::Object(map)) => map,
-            _ => return None,
-        };
-    }
-    current.remove(last.as_str())
 }
 
 #[cfg(test)]
