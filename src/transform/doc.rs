@@ -60,7 +60,7 @@ impl<'a> Field<'a> {
     fn open(&mut self) -> bool {
         if let Field::Raw(raw) = self {
             if raw.get().starts_with('{') {
-                match Doc::parse(raw.get().as_bytes()) {
+                match Doc::parse_str(raw.get()) {
                     Ok(doc) => *self = Field::Object(doc),
                     Err(_) => return false,
                 }
@@ -82,21 +82,23 @@ pub enum Doc<'a> {
 impl<'a> Doc<'a> {
     /// Parses (and validates) a document.
     pub fn parse(bytes: &'a [u8]) -> Result<Doc<'a>, serde_json::Error> {
-        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
-        if first == Some(&b'{') {
-            let Fields(mut fields) = serde_json::from_slice(bytes)?;
-            // Like serde_json, the last of duplicated keys wins.
-            let mut i = 0;
-            while i < fields.len() {
-                if fields[i + 1..].iter().any(|(k, _)| *k == fields[i].0) {
-                    fields.remove(i);
-                } else {
-                    i += 1;
-                }
-            }
+        // One UTF-8 check of the whole buffer is much cheaper than one per string, which is
+        // what parsing from bytes does.
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            serde::de::Error::custom(format!("invalid UTF-8 at byte {}", e.valid_up_to()))
+        })?;
+        Doc::parse_str(text)
+    }
+
+    /// Parses (and validates) a document from text.
+    pub fn parse_str(text: &'a str) -> Result<Doc<'a>, serde_json::Error> {
+        let first = text.bytes().find(|b| !b.is_ascii_whitespace());
+        if first == Some(b'{') {
+            let Fields(mut fields) = serde_json::from_str(text)?;
+            dedupe(&mut fields);
             Ok(Doc::Object(fields))
         } else {
-            Ok(Doc::Other(serde_json::from_slice(bytes)?))
+            Ok(Doc::Other(serde_json::from_str(text)?))
         }
     }
 
@@ -268,8 +270,18 @@ impl<'a> Doc<'a> {
                     if n > 0 {
                         out.push(b',');
                     }
-                    serde_json::to_writer(&mut *out, key.as_ref())?;
-                    out.push(b':');
+                    match key {
+                        // A key borrowed from the input had no escapes: copy it.
+                        Cow::Borrowed(k) => {
+                            out.push(b'"');
+                            out.extend_from_slice(k.as_bytes());
+                            out.extend_from_slice(b"\":");
+                        }
+                        Cow::Owned(k) => {
+                            serde_json::to_writer(&mut *out, k)?;
+                            out.push(b':');
+                        }
+                    }
                     match field {
                         Field::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
                         Field::Object(doc) => doc.encode(out)?,
@@ -280,6 +292,28 @@ impl<'a> Doc<'a> {
                 Ok(())
             }
         }
+    }
+}
+
+/// Like serde_json, the last of duplicated keys wins. Keys are compared by length and end
+/// bytes first: most documents have no duplicate and this stays cheap.
+fn dedupe(fields: &mut Vec<(Cow<'_, str>, Field<'_>)>) {
+    let print = |k: &str| {
+        let b = k.as_bytes();
+        (b.len(), b.first().copied(), b.last().copied())
+    };
+    let prints: Vec<_> = fields.iter().map(|(k, _)| print(k)).collect();
+    let mut duplicated = Vec::new();
+    for i in 0..fields.len() {
+        for j in i + 1..fields.len() {
+            if prints[i] == prints[j] && fields[i].0 == fields[j].0 {
+                duplicated.push(i);
+                break;
+            }
+        }
+    }
+    for i in duplicated.into_iter().rev() {
+        fields.remove(i);
     }
 }
 
