@@ -129,6 +129,8 @@ enum Body<'a> {
 /// A record while it goes through the pipeline.
 #[derive(Debug, Clone)]
 struct Work<'a> {
+    /// Length of the consumed value, to size the encoded one.
+    value_len: usize,
     key: Option<Vec<u8>>,
     body: Body<'a>,
     headers: Vec<(String, Vec<u8>)>,
@@ -393,6 +395,7 @@ impl Pipeline {
             }
         };
         let work = Work {
+            value_len: value.as_ref().map_or(0, Vec::len),
             key: record.key,
             body,
             headers: record.headers,
@@ -538,6 +541,7 @@ impl Pipeline {
                             std::mem::replace(
                                 &mut work,
                                 Work {
+                                    value_len: 0,
                                     key: None,
                                     body: Body::Json(None),
                                     headers: Vec::new(),
@@ -661,7 +665,8 @@ impl Pipeline {
             }
             (_, Body::Json(None)) => None,
             (_, Body::Json(Some(doc))) => {
-                let mut bytes = Vec::with_capacity(256);
+                // Usually about the size it was consumed with: one allocation.
+                let mut bytes = Vec::with_capacity(work.value_len + 64);
                 doc.encode(&mut bytes).map_err(|e| {
                     fail(
                         ErrorKind::WrongType,
