@@ -322,3 +322,60 @@ fn a_bad_record_stops_the_job_with_its_origin_by_default() {
     assert_eq!(unique_out.len(), out.len(), "duplicates: {out:?}");
     assert!(out.iter().all(|id| *id < 200), "{out:?}");
 }
+
+#[test]
+fn validate_with_a_broker_checks_topics_and_the_transaction_timeout_ceiling() {
+    let input = unique("v-in");
+    create_topics(&[&input], 1);
+    let missing = unique("v-missing");
+    // Above the broker's transaction.max.timeout.ms (15 minutes by default).
+    let text = format!(
+        "name: v\ninputs: [{{topic: {input}}}]\noutputs: [{{topic: {missing}}}]\nruntime:\n  commit_interval_ms: 100\n  transaction_timeout_ms: 1000000\n"
+    );
+    let checked = validate::check_text(&text, "v.yaml", &|_| None, Strictness::Strict);
+    assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
+    let topology = checked.topology.as_ref().expect("topology");
+    let found: Vec<String> = validate::check_broker(
+        topology,
+        &bootstrap(),
+        "v.yaml",
+        &checked.lines,
+        Duration::from_secs(10),
+    )
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(
+        found[0].starts_with("v.yaml:3: outputs[0].topic: ") && found[0].contains("does not exist"),
+        "{found:#?}"
+    );
+    assert!(
+        found[1].starts_with("v.yaml:6: runtime.transaction_timeout_ms: ")
+            && found[1].contains("transaction.max.timeout.ms"),
+        "{found:#?}"
+    );
+
+    // Through the command line: a clean file against the broker exits 0.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("ok.yaml");
+    let output = unique("v-out");
+    create_topics(&[&output], 1);
+    std::fs::write(
+        &file,
+        format!("name: v\ninputs: [{{topic: {input}}}]\noutputs: [{{topic: {output}}}]\n"),
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("validate")
+        .arg(&file)
+        .args(["--broker", &bootstrap()])
+        .output()
+        .expect("run validate");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
