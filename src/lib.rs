@@ -13,6 +13,10 @@
 //! * [`embedded`]: an in-process cluster for a first run with nothing installed. It does not
 //!   enforce transactions and proves nothing about exactly-once.
 //! * [`telemetry`]: every log line about the job's life, from one place.
+//! * [`validate`]: every problem of a topology file at once, with field paths and lines, and
+//!   the checks only a broker can answer.
+//! * [`testing`]: runs a pipeline over the records of a cases file, without a broker, and
+//!   compares the outputs (`onceflow test`, and the tests of `topologies/`).
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -24,5 +28,7 @@ pub mod dlq;
 pub mod embedded;
 pub mod engine;
 pub mod telemetry;
+pub mod testing;
 pub mod topology;
 pub mod transform;
+pub mod validate;

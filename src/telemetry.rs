@@ -148,6 +148,27 @@ pub fn progress(records_in: u64, records_out: u64, committed: u64, aborted: u64,
     );
 }
 
+/// The pipeline failed on a record; `on_error` says what the engine does about it.
+pub fn record_failed(
+    origin: &crate::transform::Origin,
+    error: &crate::transform::TransformError,
+    on_error: crate::topology::OnError,
+) {
+    let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
+    let kind = error.kind.name();
+    let stage = error.stage.to_string();
+    match on_error {
+        crate::topology::OnError::Fail => error!(
+            topic, partition, offset, kind, stage, %error,
+            "record failed in the pipeline; aborting the transaction and stopping (runtime.on_error: fail)"
+        ),
+        crate::topology::OnError::Skip => warn!(
+            topic, partition, offset, kind, stage, %error,
+            "record failed in the pipeline; skipped: its offset commits without output (runtime.on_error: skip)"
+        ),
+    }
+}
+
 pub fn shutting_down() {
     info!("shutdown requested; committing the transaction in flight");
 }

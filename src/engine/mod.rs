@@ -25,7 +25,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::telemetry::{self, AbortReason, health::Health};
-use crate::topology::Topology;
+use crate::topology::{OnError, Topology};
 use crate::transform::{Origin, Pipeline, Record};
 pub use clients::Identity;
 use txn::{Added, Txn, TxnSettings, TxnStats, lock};
@@ -33,6 +33,8 @@ use txn::{Added, Txn, TxnSettings, TxnStats, lock};
 /// Why a job stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    #[error("invalid topology: {0}")]
+    Config(String),
     #[error("kafka client: {0}")]
     Client(String),
     #[error("{0}")]
@@ -63,10 +65,13 @@ pub struct RunOptions {
     pub statistics_every: Option<Duration>,
 }
 
-/// What a run did, counting committed work only.
+/// What a run did, counting committed work only (except `skipped`).
 #[derive(Debug, Clone, Copy)]
 pub struct Summary {
     pub txn: TxnStats,
+    /// Records the pipeline failed on and `runtime.on_error: skip` passed over. Counted when
+    /// processed: a record of a transaction that was aborted and redone counts twice.
+    pub skipped: u64,
     pub elapsed: Duration,
     /// Time from the first consumed record to the end: throughput without start-up.
     pub busy: Duration,
@@ -113,7 +118,6 @@ impl ConsumerContext for EngineContext {
             Rebalance::Error(e) => telemetry::consumer_error(e),
         }
     }
-
 }
 
 impl EngineContext {
@@ -193,6 +197,15 @@ pub fn run(
     shutdown: &AtomicBool,
 ) -> Result<Summary, EngineError> {
     let started = Instant::now();
+    let pipeline = Pipeline::compile(topology).map_err(|issues| {
+        EngineError::Config(
+            issues
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
     let runtime = &topology.runtime;
     let settings = TxnSettings {
         commit_interval: Duration::from_millis(runtime.commit_interval_ms),
@@ -239,9 +252,9 @@ pub fn run(
         &inputs,
     );
 
-    let pipeline = Pipeline::new(&topology.pipeline);
-    let output = topology.output_topic();
-    let mut produced: Vec<Record> = Vec::new();
+    let topics = topology.output_topics();
+    let mut produced: Vec<(usize, Record)> = Vec::new();
+    let mut skipped: u64 = 0;
     let mut outputs: Vec<(&str, Record)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
@@ -279,22 +292,37 @@ pub fn run(
                 let _record_span = record_span(&record).entered();
                 produced.clear();
                 if let Err(e) = pipeline.process(record.clone(), &mut produced) {
-                    // Until dead-lettering exists, a failing record stops the job rather than
-                    // being skipped: its offset is never committed, nothing is lost.
-                    let _ = txn.abort_and_rewind(
-                        &consumer,
-                        AbortReason::TransformFailed,
-                        &e.to_string(),
-                    );
-                    break Err(EngineError::Transform {
-                        topic: record.origin.topic,
-                        partition: record.origin.partition,
-                        offset: record.origin.offset,
-                        message: e.to_string(),
-                    });
+                    telemetry::record_failed(&record.origin, &e, runtime.on_error);
+                    match runtime.on_error {
+                        // Until dead-lettering exists, a failing record stops the job: its
+                        // offset is never committed, nothing is lost.
+                        OnError::Fail => {
+                            let _ = txn.abort_and_rewind(
+                                &consumer,
+                                AbortReason::TransformFailed,
+                                &e.to_string(),
+                            );
+                            break Err(EngineError::Transform {
+                                topic: record.origin.topic,
+                                partition: record.origin.partition,
+                                offset: record.origin.offset,
+                                message: e.to_string(),
+                            });
+                        }
+                        // Skipped on purpose: the offset commits with no output, and the
+                        // record was logged with its origin.
+                        OnError::Skip => {
+                            skipped += 1;
+                            produced.clear();
+                        }
+                    }
                 }
                 outputs.clear();
-                outputs.extend(produced.drain(..).map(|r| (output, r)));
+                outputs.extend(
+                    produced
+                        .drain(..)
+                        .map(|(index, r)| (topics.get(index).copied().unwrap_or_default(), r)),
+                );
                 match txn.add(&consumer, &record, &outputs) {
                     Ok(Added::Yes | Added::Aborted) => {}
                     Err(e) => break Err(e),
@@ -358,6 +386,7 @@ pub fn run(
     drop(consumer);
     Ok(Summary {
         txn: stats,
+        skipped,
         elapsed: started.elapsed(),
         busy: first_record.map_or(Duration::ZERO, |t| t.elapsed()),
     })

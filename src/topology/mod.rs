@@ -2,13 +2,25 @@
 //!
 //! Every struct refuses unknown fields, every default comes from a named function, and
 //! [`Topology::validate`] reports every problem at once with the path of the field it concerns.
+//! The language is described in `docs/topology.md`.
+//!
+//! * [`env`]: `${VAR}` interpolation of the text, before parsing;
+//! * [`lines`]: the line number of every field path, for messages;
+//! * [`processor`]: the processors of a pipeline, as written in the file.
+//!
+//! Expressions are compiled (and their problems found) by
+//! [`crate::transform::Pipeline::compile`]; [`crate::validate`] puts both together.
 
-use std::collections::BTreeMap;
+pub mod env;
+pub mod lines;
+pub mod processor;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::transform::Processor;
+pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 
 /// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
 /// attempt to override them from a topology or a config file.
@@ -54,17 +66,90 @@ pub struct Topology {
 pub struct Input {
     /// Topic name.
     pub topic: String,
+    /// How record values of this topic are decoded. Default: `raw`.
+    #[serde(default)]
+    pub codec: Codec,
+}
+
+/// How a record value is read or written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Codec {
+    /// Bytes as they are. Expressions see the value as `bytes`.
+    #[default]
+    Raw,
+    /// A JSON document, decoded once per record and encoded once per output record.
+    Json,
+    // Avro (with a schema registry) will be a third variant.
+}
+
+impl Codec {
+    /// The name used in topology files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Raw => "raw",
+            Codec::Json => "json",
+        }
+    }
 }
 
 /// A Kafka topic written inside the job's transactions.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Output {
-    /// Name by which the pipeline refers to this output. Default: the topic name.
+    /// Name by which `route` refers to this output. Default: the topic name.
     #[serde(default)]
     pub name: Option<String>,
     /// Topic name.
     pub topic: String,
+    /// How values are written. Default: `json` when every input is JSON, `raw` otherwise.
+    #[serde(default)]
+    pub codec: Option<Codec>,
+    /// A CEL expression giving the key of records written here (it replaces the key the
+    /// record carries). Default: the record's key, as set by `set_key` or consumed.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Whether headers are written (`keep`) or left out (`drop`). Default: `keep`.
+    #[serde(default)]
+    pub headers: HeaderPolicy,
+    /// Accept an output that no `route` names (otherwise an error: it would stay empty).
+    #[serde(default = "default_allow_unused")]
+    pub allow_unused: bool,
+}
+
+/// What happens to record headers on an output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderPolicy {
+    /// Write every header the record carries.
+    #[default]
+    Keep,
+    /// Write no header.
+    Drop,
+}
+
+fn default_allow_unused() -> bool {
+    false
+}
+
+impl Output {
+    /// The name `route` uses for this output.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.topic)
+    }
+}
+
+/// What the job does with a record the pipeline cannot process (value not valid JSON, an
+/// expression failing on it: missing field, wrong type).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Abort the open transaction, rewind, and stop with an error naming the record's origin.
+    /// Nothing is lost: the record's offset is never committed.
+    #[default]
+    Fail,
+    /// Commit the record's offset without output, log it with its origin and count it.
+    Skip,
 }
 
 /// When a transaction commits, and how long it may stay open.
@@ -91,6 +176,10 @@ pub struct Runtime {
     /// Consumer `session.timeout.ms`: how long a dead instance keeps its partitions.
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u64,
+    /// What to do with a record the pipeline fails on: `fail` (stop) or `skip` (log, count,
+    /// commit its offset without output).
+    #[serde(default)]
+    pub on_error: OnError,
     /// `exactly_once` (default): outputs and offsets commit in one Kafka transaction.
     /// `at_least_once`: no transactions; offsets are committed after every output is
     /// acknowledged, so a crash may write some outputs twice. For comparison and for sinks
@@ -137,6 +226,7 @@ impl Default for Runtime {
             static_membership: default_static_membership(),
             session_timeout_ms: default_session_timeout_ms(),
             guarantee: Guarantee::default(),
+            on_error: OnError::default(),
         }
     }
 }
@@ -184,6 +274,11 @@ pub enum TopologyError {
     },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
+    #[error("{path}: {} environment problem(s):\n{}", issues.len(), issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
+    Env {
+        path: String,
+        issues: Vec<env::EnvIssue>,
+    },
     #[error("{path}: {} problem(s):\n{}", issues.len(), issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n"))]
     Invalid {
         path: String,
@@ -192,23 +287,38 @@ pub enum TopologyError {
 }
 
 impl Topology {
-    /// Reads, parses and validates a topology file.
+    /// Reads a topology file, interpolates the environment into it, parses and validates it.
     pub fn load(path: &Path) -> Result<Topology, TopologyError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| TopologyError::Read {
             path: shown.clone(),
             source,
         })?;
+        let (text, issues) = env::interpolate(
+            &text,
+            &|name| std::env::var(name).ok(),
+            env::Strictness::Strict,
+        );
+        if !issues.is_empty() {
+            return Err(TopologyError::Env {
+                path: shown,
+                issues,
+            });
+        }
         Self::parse(&text, &shown)
     }
 
-    /// Parses and validates topology text; `origin` names it in errors.
+    /// Parses topology text (already interpolated) without validating it.
+    pub fn parse_unchecked(text: &str) -> Result<Topology, serde_saphyr::Error> {
+        serde_saphyr::from_str(text)
+    }
+
+    /// Parses and validates topology text (already interpolated); `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Topology, TopologyError> {
-        let topology: Topology =
-            serde_saphyr::from_str(text).map_err(|e| TopologyError::Parse {
-                path: origin.to_string(),
-                message: e.to_string(),
-            })?;
+        let topology: Topology = Self::parse_unchecked(text).map_err(|e| TopologyError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
         let issues = topology.validate();
         if issues.is_empty() {
             Ok(topology)
@@ -243,12 +353,10 @@ impl Topology {
                 issue(format!("inputs[{i}].topic"), "must not be empty");
             }
         }
-        if self.outputs.len() != 1 {
-            issue(
-                "outputs".into(),
-                "exactly one output is supported by this version",
-            );
+        if self.outputs.is_empty() {
+            issue("outputs".into(), "at least one output topic is needed");
         }
+        let mut names = BTreeSet::new();
         for (i, output) in self.outputs.iter().enumerate() {
             if output.topic.trim().is_empty() {
                 issue(format!("outputs[{i}].topic"), "must not be empty");
@@ -259,7 +367,14 @@ impl Topology {
                     "must differ from every input topic (the job would consume its own output)",
                 );
             }
+            if !names.insert(output.name()) {
+                issue(
+                    format!("outputs[{i}].name"),
+                    "another output has the same name (the name defaults to the topic)",
+                );
+            }
         }
+        self.validate_pipeline(&mut issue);
         let rt = &self.runtime;
         if rt.commit_interval_ms == 0 {
             issue("runtime.commit_interval_ms".into(), "must be at least 1");
@@ -273,7 +388,12 @@ impl Topology {
                 "must be at least 1000",
             );
         }
-        if rt.commit_interval_ms.saturating_mul(5) > rt.transaction_timeout_ms {
+        if rt.transaction_timeout_ms <= rt.commit_interval_ms {
+            issue(
+                "runtime.transaction_timeout_ms".into(),
+                "must be greater than runtime.commit_interval_ms, or every transaction times out before it commits",
+            );
+        } else if rt.commit_interval_ms.saturating_mul(5) > rt.transaction_timeout_ms {
             issue(
                 "runtime.commit_interval_ms".into(),
                 "must be at most a fifth of runtime.transaction_timeout_ms, or transactions time out before they commit",
@@ -296,6 +416,146 @@ impl Topology {
         issues
     }
 
+    /// Checks of the pipeline that need no expression compiled: JSON-only processors on raw
+    /// inputs, `route` placement, and the wiring of routes to outputs.
+    fn validate_pipeline(&self, issue: &mut dyn FnMut(String, &str)) {
+        let json_inputs = self.json_inputs();
+        let mut routed: BTreeSet<&str> = BTreeSet::new();
+        let mut routes = 0;
+        for (i, p) in self.pipeline.iter().enumerate() {
+            let here = format!("pipeline[{i}].{}", p.kind());
+            if p.needs_json() && !json_inputs {
+                issue(
+                    here.clone(),
+                    "works on JSON values: set `codec: json` on every input",
+                );
+            }
+            match p {
+                Processor::Route(route) => {
+                    routes += 1;
+                    if i + 1 != self.pipeline.len() {
+                        issue(
+                            here.clone(),
+                            "must be the last processor: it hands records to the outputs",
+                        );
+                    }
+                    if route.routes.is_empty() {
+                        issue(format!("{here}.routes"), "needs at least one route");
+                    }
+                    let mut targets: Vec<(String, &String)> = Vec::new();
+                    for (r, rule) in route.routes.iter().enumerate() {
+                        for (t, name) in rule.to.iter().enumerate() {
+                            targets.push((format!("{here}.routes[{r}].to[{t}]"), name));
+                        }
+                    }
+                    for (t, name) in route.default.iter().enumerate() {
+                        targets.push((format!("{here}.default[{t}]"), name));
+                    }
+                    for (path, name) in targets {
+                        if self.outputs.iter().any(|o| o.name() == name) {
+                            routed.insert(name);
+                        } else {
+                            let known: Vec<&str> = self.outputs.iter().map(Output::name).collect();
+                            issue(
+                                path,
+                                &format!("no output is named `{name}` (outputs: {known:?})"),
+                            );
+                        }
+                    }
+                    for (r, rule) in route.routes.iter().enumerate() {
+                        if rule.to.is_empty() {
+                            issue(
+                                format!("{here}.routes[{r}].to"),
+                                "names no output (drop records with `filter` instead)",
+                            );
+                        }
+                    }
+                }
+                Processor::SetHeader(h) => {
+                    if h.value.is_some() == h.expr.is_some() {
+                        issue(here.clone(), "needs exactly one of `value` and `expr`");
+                    }
+                    if h.name.is_empty() {
+                        issue(format!("{here}.name"), "must not be empty");
+                    }
+                }
+                Processor::DropFields(fields) => {
+                    for (f, field) in fields.iter().enumerate() {
+                        if !is_field_path(field) {
+                            issue(format!("{here}[{f}]"), FIELD_PATH_RULE);
+                        }
+                    }
+                }
+                Processor::Rename(map) => {
+                    for (from, to) in map {
+                        if !is_field_path(from) || !is_field_path(to) {
+                            issue(format!("{here}.{from}"), FIELD_PATH_RULE);
+                        }
+                    }
+                }
+                Processor::Map(map) => {
+                    for field in map.keys() {
+                        if !is_field_path(field) {
+                            issue(format!("{here}.{field}"), FIELD_PATH_RULE);
+                        }
+                    }
+                }
+                Processor::Explode(e) => {
+                    if !is_field_path(&e.field) {
+                        issue(format!("{here}.field"), FIELD_PATH_RULE);
+                    }
+                    if e.into.as_deref().is_some_and(|f| !is_field_path(f)) {
+                        issue(format!("{here}.as"), FIELD_PATH_RULE);
+                    }
+                }
+                Processor::Filter(_) | Processor::SetKey(_) | Processor::DropEmpty {} => {}
+            }
+        }
+        if routes > 1 {
+            issue(
+                "pipeline".into(),
+                "at most one `route` processor (it must be the last one)",
+            );
+        }
+        if routes == 0 {
+            if self.outputs.len() > 1 {
+                issue(
+                    "outputs".into(),
+                    "several outputs need a `route` processor at the end of the pipeline to say which records go where",
+                );
+            }
+        } else {
+            for (i, output) in self.outputs.iter().enumerate() {
+                if !output.allow_unused && !routed.contains(output.name()) {
+                    issue(
+                        format!("outputs[{i}]"),
+                        &format!(
+                            "output `{}` is named by no route: it would stay empty (remove it, route to it, or set `allow_unused: true`)",
+                            output.name()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether every input is decoded as JSON.
+    pub fn json_inputs(&self) -> bool {
+        !self.inputs.is_empty() && self.inputs.iter().all(|i| i.codec == Codec::Json)
+    }
+
+    /// The codec output `index` writes with: its own, or `json` when every input is JSON.
+    pub fn output_codec(&self, index: usize) -> Codec {
+        self.outputs
+            .get(index)
+            .and_then(|o| o.codec)
+            .unwrap_or(if self.json_inputs() {
+                Codec::Json
+            } else {
+                Codec::Raw
+            })
+    }
+
     /// The consumer group of every instance of this job.
     pub fn group_id(&self) -> String {
         self.group_id
@@ -303,15 +563,23 @@ impl Topology {
             .unwrap_or_else(|| format!("onceflow.{}", self.name))
     }
 
-    /// The output every record goes to (validated: there is exactly one).
-    pub fn output_topic(&self) -> &str {
-        self.outputs.first().map(|o| o.topic.as_str()).unwrap_or("")
+    /// The output topic names, in the order of `outputs` (the pipeline's output indexes).
+    pub fn output_topics(&self) -> Vec<&str> {
+        self.outputs.iter().map(|o| o.topic.as_str()).collect()
     }
 
     /// The input topic names.
     pub fn input_topics(&self) -> Vec<&str> {
         self.inputs.iter().map(|i| i.topic.as_str()).collect()
     }
+}
+
+const FIELD_PATH_RULE: &str =
+    "a field path is one or more names separated by dots, e.g. `customer.id`";
+
+/// A dotted path into a JSON object: `a`, `a.b_c`, `customer.id`.
+pub fn is_field_path(path: &str) -> bool {
+    !path.is_empty() && path.split('.').all(|s| !s.is_empty())
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -334,7 +602,9 @@ mod tests {
         assert_eq!(t.runtime.commit_interval_ms, 100);
         assert_eq!(t.runtime.transaction_timeout_ms, 10_000);
         assert_eq!(t.group_id(), "onceflow.t");
-        assert_eq!(t.output_topic(), "out");
+        assert_eq!(t.output_topics(), vec!["out"]);
+        assert_eq!(t.runtime.on_error, OnError::Fail);
+        assert_eq!(t.output_codec(0), Codec::Raw);
     }
 
     #[test]
@@ -363,6 +633,39 @@ mod tests {
                 "runtime.commit_interval_ms",
                 "kafka.consumer.isolation.level",
                 "kafka.producer.transactional.id",
+            ]
+        );
+    }
+
+    #[test]
+    fn routes_must_name_existing_outputs_and_use_every_output() {
+        let text = "name: t\ninputs: [{topic: in, codec: json}]\n\
+                    pipeline:\n  - route:\n      routes:\n        - {when: 'true', to: [a, nope]}\n      default: [b]\n\
+                    outputs: [{topic: a}, {topic: b}, {topic: c}, {topic: d, allow_unused: true}]\n";
+        let Err(TopologyError::Invalid { issues, .. }) = Topology::parse(text, "t.yaml") else {
+            panic!("expected validation errors");
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["pipeline[0].route.routes[0].to[1]", "outputs[2]"]
+        );
+    }
+
+    #[test]
+    fn several_outputs_need_a_route_and_json_processors_need_json_inputs() {
+        let text = "name: t\ninputs: [{topic: in}]\npipeline: [{drop_fields: [a]}]\n\
+                    outputs: [{topic: a}, {topic: b}]\nruntime: {commit_interval_ms: 2000, transaction_timeout_ms: 2000}\n";
+        let Err(TopologyError::Invalid { issues, .. }) = Topology::parse(text, "t.yaml") else {
+            panic!("expected validation errors");
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "pipeline[0].drop_fields",
+                "outputs",
+                "runtime.transaction_timeout_ms"
             ]
         );
     }

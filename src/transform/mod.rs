@@ -1,8 +1,24 @@
-//! Pure record processors. Nothing here knows about Kafka clients or async runtimes: a
-//! processor takes a [`Record`] and pushes zero or more records to an output vector, so every
-//! processor is tested with plain values.
+//! Pure record processors. Nothing here knows about Kafka clients or async runtimes: the
+//! compiled [`Pipeline`] takes a [`Record`] and pushes zero or more `(output index, record)`
+//! pairs to a vector, so every processor is tested with plain values.
+//!
+//! A record's value is decoded once on entry (per its input's codec), every processor works on
+//! the decoded form (`serde_json::Value` for JSON), and it is encoded once per output record.
+//! Expressions are CEL, compiled once by [`Pipeline::compile`] (see [`expr`]).
 
-use serde::Deserialize;
+pub mod doc;
+pub mod expr;
+
+use std::collections::HashMap;
+
+use serde_json::Value as Json;
+
+use doc::{Doc, type_name};
+
+use crate::topology::{
+    Codec, ConfigIssue, HeaderPolicy, Processor, RouteMode, SetHeaderConfig, Topology,
+};
+use expr::{Expression, Needs, Scope, ValueRef};
 
 /// Where a consumed record came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,6 +26,12 @@ pub struct Origin {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]@{}", self.topic, self.partition, self.offset)
+    }
 }
 
 /// A record flowing through the pipeline.
@@ -23,112 +45,705 @@ pub struct Record {
     pub origin: Origin,
 }
 
-/// One step of a pipeline, as written in the topology file.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Processor {
-    /// Adds (or replaces) a header on every record.
-    SetHeader {
-        /// Header name.
-        name: String,
-        /// Header value (UTF-8).
-        value: String,
-    },
-    /// Drops records whose value is missing or empty (tombstones included).
-    DropEmpty {},
+/// What kind of failure a record met. Every kind so far is permanent: processing the same
+/// record again fails the same way, so it belongs in a dead-letter queue, not in a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The value is not valid JSON (or not UTF-8 JSON) where JSON is expected.
+    BadJson,
+    /// An expression or processor needed a field the record does not have.
+    MissingField,
+    /// A value has the wrong type for what is done with it.
+    WrongType,
+    /// An expression failed otherwise (division by zero, overflow, a function's error).
+    Expression,
+}
+
+impl ErrorKind {
+    /// Whether processing the record again would fail again.
+    pub fn is_permanent(self) -> bool {
+        match self {
+            ErrorKind::BadJson
+            | ErrorKind::MissingField
+            | ErrorKind::WrongType
+            | ErrorKind::Expression => true,
+        }
+    }
+
+    /// A short, bounded name (for logs and metric labels).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::BadJson => "bad_json",
+            ErrorKind::MissingField => "missing_field",
+            ErrorKind::WrongType => "wrong_type",
+            ErrorKind::Expression => "expression",
+        }
+    }
+}
+
+/// Where in the pipeline a record failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// Decoding the consumed value.
+    Decode,
+    /// The processor at `index` of `pipeline`, of kind `name`.
+    Processor { index: usize, name: &'static str },
+    /// Writing to output `index` (its key expression or its codec).
+    Output { index: usize, name: String },
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Decode => write!(f, "decode"),
+            Stage::Processor { index, name } => write!(f, "pipeline[{index}] ({name})"),
+            Stage::Output { index, name } => write!(f, "outputs[{index}] ({name})"),
+        }
+    }
 }
 
 /// A processor failed on a record. The record is not lost: the engine decides what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("processor {stage} failed: {message}")]
+#[error("{stage}: {}: {message}", kind.name())]
 pub struct TransformError {
-    pub stage: usize,
+    pub kind: ErrorKind,
+    pub stage: Stage,
     pub message: String,
 }
 
-/// The compiled pipeline of a topology.
-#[derive(Debug, Clone, Default)]
-pub struct Pipeline {
-    processors: Vec<Processor>,
+impl TransformError {
+    /// Whether processing the record again would fail again.
+    pub fn is_permanent(&self) -> bool {
+        self.kind.is_permanent()
+    }
 }
 
-impl Pipeline {
-    pub fn new(processors: &[Processor]) -> Pipeline {
-        Pipeline {
-            processors: processors.to_vec(),
+/// A record's value while it goes through the pipeline, borrowing the consumed bytes.
+#[derive(Debug, Clone)]
+enum Body<'a> {
+    Raw(Option<&'a [u8]>),
+    /// `None`: a tombstone (no value), `null` to expressions.
+    Json(Option<Doc<'a>>),
+}
+
+/// A record while it goes through the pipeline.
+#[derive(Debug, Clone)]
+struct Work<'a> {
+    /// Length of the consumed value, to size the encoded one.
+    value_len: usize,
+    key: Option<Vec<u8>>,
+    body: Body<'a>,
+    headers: Vec<(String, Vec<u8>)>,
+    timestamp: Option<i64>,
+    origin: Origin,
+}
+
+impl<'a> Work<'a> {
+    /// Decodes what `e` needs of the JSON value.
+    fn prepare(&mut self, e: &Expression) {
+        if let Body::Json(Some(doc)) = &mut self.body {
+            match e.needs() {
+                Needs::Nothing => {}
+                Needs::Paths(paths) => {
+                    for p in paths {
+                        doc.prepare(p);
+                    }
+                }
+                Needs::Whole => doc.decode_all(),
+            }
         }
     }
 
-    /// Runs `record` through every processor and appends the survivors to `out`.
-    pub fn process(&self, record: Record, out: &mut Vec<Record>) -> Result<(), TransformError> {
-        let mut current = Some(record);
-        for processor in &self.processors {
-            let Some(mut rec) = current.take() else {
-                return Ok(());
-            };
-            match processor {
-                Processor::SetHeader { name, value } => {
-                    rec.headers.retain(|(n, _)| n != name);
-                    rec.headers.push((name.clone(), value.as_bytes().to_vec()));
-                    current = Some(rec);
+    fn scope(&self) -> Scope<'_, 'a> {
+        Scope {
+            value: match &self.body {
+                Body::Raw(b) => ValueRef::Raw(*b),
+                Body::Json(doc) => ValueRef::Json(doc.as_ref()),
+            },
+            key: self.key.as_deref(),
+            headers: &self.headers,
+            timestamp: self.timestamp,
+            origin: &self.origin,
+        }
+    }
+}
+
+/// A dotted field path, split once at compile time.
+type FieldPath = Vec<String>;
+
+fn split(path: &str) -> FieldPath {
+    path.split('.').map(str::to_string).collect()
+}
+
+enum HeaderValue {
+    Fixed(Vec<u8>),
+    Computed(Expression),
+}
+
+enum Step {
+    Filter(Expression),
+    Map(Vec<(FieldPath, Expression)>),
+    DropFields(Vec<FieldPath>),
+    Rename(Vec<(FieldPath, FieldPath)>),
+    SetKey(Expression),
+    Explode { field: FieldPath, into: FieldPath },
+    SetHeader { name: String, value: HeaderValue },
+    DropEmpty,
+}
+
+struct Route {
+    rules: Vec<(Expression, Vec<usize>)>,
+    default: Vec<usize>,
+    mode: RouteMode,
+    index: usize,
+}
+
+struct OutputSpec {
+    name: String,
+    codec: Codec,
+    key: Option<Expression>,
+    headers: HeaderPolicy,
+}
+
+/// The compiled pipeline of a topology: expressions compiled, output names resolved to
+/// indexes. Compiled once at load; [`Pipeline::process`] is then a pure function.
+pub struct Pipeline {
+    input_codecs: HashMap<String, Codec>,
+    steps: Vec<(Step, &'static str)>,
+    route: Option<Route>,
+    outputs: Vec<OutputSpec>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field(
+                "steps",
+                &self.steps.iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+            )
+            .field(
+                "outputs",
+                &self.outputs.iter().map(|o| &o.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// Compiles every expression of `topology` and resolves route targets to output indexes.
+    /// Returns every problem at once, each with its field path.
+    pub fn compile(topology: &Topology) -> Result<Pipeline, Vec<ConfigIssue>> {
+        let mut issues = Vec::new();
+        let mut compile = |path: String, source: &str| -> Option<Expression> {
+            Expression::compile(source)
+                .map_err(|message| issues.push(ConfigIssue { path, message }))
+                .ok()
+        };
+        let output_index: HashMap<&str, usize> = topology
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.name(), i))
+            .collect();
+        let mut steps = Vec::new();
+        let mut route = None;
+        let mut unknown_outputs = Vec::new();
+        for (i, p) in topology.pipeline.iter().enumerate() {
+            let here = format!("pipeline[{i}].{}", p.kind());
+            let step = match p {
+                Processor::Filter(src) => compile(here, src).map(Step::Filter),
+                Processor::Map(fields) => {
+                    let compiled: Vec<_> = fields
+                        .iter()
+                        .map(|(f, src)| compile(format!("{here}.{f}"), src).map(|e| (split(f), e)))
+                        .collect();
+                    compiled
+                        .into_iter()
+                        .collect::<Option<Vec<_>>>()
+                        .map(Step::Map)
                 }
-                Processor::DropEmpty {} => {
-                    if rec.value.as_ref().is_some_and(|v| !v.is_empty()) {
-                        current = Some(rec);
+                Processor::DropFields(fields) => {
+                    Some(Step::DropFields(fields.iter().map(|f| split(f)).collect()))
+                }
+                Processor::Rename(map) => Some(Step::Rename(
+                    map.iter().map(|(a, b)| (split(a), split(b))).collect(),
+                )),
+                Processor::SetKey(src) => compile(here, src).map(Step::SetKey),
+                Processor::Explode(e) => Some(Step::Explode {
+                    field: split(&e.field),
+                    into: split(e.into.as_deref().unwrap_or(&e.field)),
+                }),
+                Processor::SetHeader(SetHeaderConfig { name, value, expr }) => {
+                    let value = match (value, expr) {
+                        (_, Some(src)) => {
+                            compile(format!("{here}.expr"), src).map(HeaderValue::Computed)
+                        }
+                        (Some(v), None) => Some(HeaderValue::Fixed(v.as_bytes().to_vec())),
+                        (None, None) => None,
+                    };
+                    value.map(|value| Step::SetHeader {
+                        name: name.clone(),
+                        value,
+                    })
+                }
+                Processor::DropEmpty {} => Some(Step::DropEmpty),
+                Processor::Route(r) => {
+                    let mut resolve = |path: String, names: &[String]| -> Vec<usize> {
+                        names
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(t, n)| {
+                                let found = output_index.get(n.as_str()).copied();
+                                if found.is_none() {
+                                    unknown_outputs.push(ConfigIssue {
+                                        path: format!("{path}[{t}]"),
+                                        message: format!("no output is named `{n}`"),
+                                    });
+                                }
+                                found
+                            })
+                            .collect()
+                    };
+                    let default = resolve(format!("{here}.default"), &r.default);
+                    let targets: Vec<Vec<usize>> = r
+                        .routes
+                        .iter()
+                        .enumerate()
+                        .map(|(n, rule)| resolve(format!("{here}.routes[{n}].to"), &rule.to))
+                        .collect();
+                    let rules: Vec<Option<(Expression, Vec<usize>)>> = r
+                        .routes
+                        .iter()
+                        .zip(targets)
+                        .enumerate()
+                        .map(|(n, (rule, to))| {
+                            compile(format!("{here}.routes[{n}].when"), &rule.when).map(|e| (e, to))
+                        })
+                        .collect();
+                    if let Some(rules) = rules.into_iter().collect::<Option<Vec<_>>>() {
+                        route = Some(Route {
+                            rules,
+                            default,
+                            mode: r.mode,
+                            index: i,
+                        });
                     }
+                    continue;
+                }
+            };
+            if let Some(step) = step {
+                steps.push((step, p.kind()));
+            }
+        }
+        let mut outputs = Vec::new();
+        for (i, o) in topology.outputs.iter().enumerate() {
+            let key = o
+                .key
+                .as_deref()
+                .and_then(|src| compile(format!("outputs[{i}].key"), src));
+            outputs.push(OutputSpec {
+                name: o.name().to_string(),
+                codec: topology.output_codec(i),
+                key,
+                headers: o.headers,
+            });
+        }
+        issues.extend(unknown_outputs);
+        if issues.is_empty() {
+            Ok(Pipeline {
+                input_codecs: topology
+                    .inputs
+                    .iter()
+                    .map(|i| (i.topic.clone(), i.codec))
+                    .collect(),
+                steps,
+                route,
+                outputs,
+            })
+        } else {
+            Err(issues)
+        }
+    }
+
+    /// The number of outputs; output indexes given by [`Pipeline::process`] are below it.
+    pub fn output_count(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Runs `record` through every processor and appends `(output index, record)` for each
+    /// record to write. On error nothing is appended.
+    pub fn process(
+        &self,
+        record: Record,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), TransformError> {
+        let codec = self
+            .input_codecs
+            .get(&record.origin.topic)
+            .copied()
+            .unwrap_or_default();
+        let value = record.value;
+        let body = match (codec, value.as_deref()) {
+            (Codec::Raw, value) => Body::Raw(value),
+            (Codec::Json, None) => Body::Json(None),
+            (Codec::Json, Some(bytes)) => {
+                Body::Json(Some(Doc::parse(bytes).map_err(|e| TransformError {
+                    kind: ErrorKind::BadJson,
+                    stage: Stage::Decode,
+                    message: format!("the value is not valid JSON: {e}"),
+                })?))
+            }
+        };
+        let work = Work {
+            value_len: value.as_ref().map_or(0, Vec::len),
+            key: record.key,
+            body,
+            headers: record.headers,
+            timestamp: record.timestamp,
+            origin: record.origin,
+        };
+        let start = out.len();
+        let result = self.run(0, work, out);
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    /// Runs `work` from step `from` to the end, then hands it to the outputs.
+    fn run(
+        &self,
+        from: usize,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), TransformError> {
+        for (index, (step, name)) in self.steps.iter().enumerate().skip(from) {
+            let fail = |kind: ErrorKind, message: String| TransformError {
+                kind,
+                stage: Stage::Processor { index, name },
+                message,
+            };
+            let eval = |e: &Expression, work: &mut Work<'_>| {
+                work.prepare(e);
+                e.eval(&work.scope()).map_err(|err| {
+                    let (kind, message) = eval_error(e, err);
+                    fail(kind, message)
+                })
+            };
+            match step {
+                Step::Filter(e) => {
+                    work.prepare(e);
+                    match e.eval_bool(&work.scope()) {
+                        Ok(Some(true)) => {}
+                        Ok(Some(false)) => return Ok(()),
+                        Ok(None) => {
+                            return Err(fail(
+                                ErrorKind::WrongType,
+                                format!("`{}` did not give a bool", e.source()),
+                            ));
+                        }
+                        Err(err) => {
+                            let (kind, message) = eval_error(e, err);
+                            return Err(fail(kind, message));
+                        }
+                    }
+                }
+                Step::Map(fields) => {
+                    let mut values = Vec::with_capacity(fields.len());
+                    for (_, e) in fields {
+                        let v = eval(e, &mut work)?;
+                        values.push(expr::to_json(&v).map_err(|m| {
+                            fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
+                        })?);
+                    }
+                    let doc = json_mut(&mut work, &fail)?;
+                    for ((path, _), v) in fields.iter().zip(values) {
+                        doc.set(path, v)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+                    }
+                }
+                Step::DropFields(paths) => {
+                    let doc = json_mut(&mut work, &fail)?;
+                    for path in paths {
+                        doc.remove(path)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+                    }
+                }
+                Step::Rename(moves) => {
+                    let doc = json_mut(&mut work, &fail)?;
+                    for (from, to) in moves {
+                        if let Some(v) =
+                            doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))?
+                        {
+                            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                        }
+                    }
+                }
+                Step::SetKey(e) => {
+                    let v = eval(e, &mut work)?;
+                    work.key = expr::to_bytes(&v).map_err(|m| {
+                        fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
+                    })?;
+                }
+                Step::SetHeader {
+                    name: header,
+                    value,
+                } => {
+                    let bytes = match value {
+                        HeaderValue::Fixed(b) => b.clone(),
+                        HeaderValue::Computed(e) => {
+                            let v = eval(e, &mut work)?;
+                            expr::to_bytes(&v)
+                                .map_err(|m| {
+                                    fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
+                                })?
+                                .unwrap_or_default()
+                        }
+                    };
+                    work.headers.retain(|(n, _)| n != header);
+                    work.headers.push((header.clone(), bytes));
+                }
+                Step::DropEmpty => {
+                    let empty = match &work.body {
+                        Body::Raw(v) => v.is_none_or(<[u8]>::is_empty),
+                        Body::Json(v) => v.is_none(),
+                    };
+                    if empty {
+                        return Ok(());
+                    }
+                }
+                Step::Explode { field, into } => {
+                    let doc = json_mut(&mut work, &fail)?;
+                    let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
+                    let items = match taken {
+                        Some(Json::Array(items)) => items,
+                        Some(other) => {
+                            return Err(fail(
+                                ErrorKind::WrongType,
+                                format!(
+                                    "`{}` is {}, not an array",
+                                    field.join("."),
+                                    type_name(&other)
+                                ),
+                            ));
+                        }
+                        None => {
+                            return Err(fail(
+                                ErrorKind::MissingField,
+                                format!("no field `{}`", field.join(".")),
+                            ));
+                        }
+                    };
+                    let count = items.len();
+                    for (n, item) in items.into_iter().enumerate() {
+                        // The last element takes the record itself; the others a copy.
+                        let mut each = if n + 1 == count {
+                            std::mem::replace(
+                                &mut work,
+                                Work {
+                                    value_len: 0,
+                                    key: None,
+                                    body: Body::Json(None),
+                                    headers: Vec::new(),
+                                    timestamp: None,
+                                    origin: Origin {
+                                        topic: String::new(),
+                                        partition: 0,
+                                        offset: 0,
+                                    },
+                                },
+                            )
+                        } else {
+                            work.clone()
+                        };
+                        let doc = json_mut(&mut each, &fail)?;
+                        doc.set(into, item)
+                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+                        self.run(index + 1, each, out)?;
+                    }
+                    return Ok(());
                 }
             }
         }
-        out.extend(current);
+        self.emit(work, out)
+    }
+
+    /// Hands a record that went through every step to its outputs, encoded.
+    fn emit(
+        &self,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), TransformError> {
+        let Some(route) = &self.route else {
+            return self.write(0, work, out);
+        };
+        let fail = |kind, message| TransformError {
+            kind,
+            stage: Stage::Processor {
+                index: route.index,
+                name: "route",
+            },
+            message,
+        };
+        let mut targets: Vec<usize> = Vec::new();
+        for (e, to) in &route.rules {
+            work.prepare(e);
+            let matched = match e.eval_bool(&work.scope()) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    return Err(fail(
+                        ErrorKind::WrongType,
+                        format!("`{}` did not give a bool", e.source()),
+                    ));
+                }
+                Err(err) => {
+                    let (kind, message) = eval_error(e, err);
+                    return Err(fail(kind, message));
+                }
+            };
+            if matched {
+                for t in to {
+                    if !targets.contains(t) {
+                        targets.push(*t);
+                    }
+                }
+                if route.mode == RouteMode::First {
+                    break;
+                }
+            }
+        }
+        let targets = if targets.is_empty() {
+            &route.default
+        } else {
+            &targets
+        };
+        match targets.split_last() {
+            None => Ok(()),
+            Some((last, rest)) => {
+                for t in rest {
+                    self.write(*t, work.clone(), out)?;
+                }
+                self.write(*last, work, out)
+            }
+        }
+    }
+
+    /// Encodes `work` for output `index`.
+    fn write(
+        &self,
+        index: usize,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), TransformError> {
+        let Some(spec) = self.outputs.get(index) else {
+            return Ok(());
+        };
+        let fail = |kind, message| TransformError {
+            kind,
+            stage: Stage::Output {
+                index,
+                name: spec.name.clone(),
+            },
+            message,
+        };
+        let key = match &spec.key {
+            None => work.key.clone(),
+            Some(e) => {
+                work.prepare(e);
+                let v = e.eval(&work.scope()).map_err(|err| {
+                    let (kind, message) = eval_error(e, err);
+                    fail(kind, message)
+                })?;
+                expr::to_bytes(&v)
+                    .map_err(|m| fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source())))?
+            }
+        };
+        let value = match (spec.codec, &work.body) {
+            (Codec::Raw, Body::Raw(v)) => v.map(<[u8]>::to_vec),
+            (Codec::Raw, Body::Json(Some(Doc::Other(Json::String(s))))) => {
+                Some(s.as_bytes().to_vec())
+            }
+            (_, Body::Json(None)) => None,
+            (_, Body::Json(Some(doc))) => {
+                // Usually about the size it was consumed with: one allocation.
+                let mut bytes = Vec::with_capacity(work.value_len + 64);
+                doc.encode(&mut bytes).map_err(|e| {
+                    fail(
+                        ErrorKind::WrongType,
+                        format!("cannot encode the value: {e}"),
+                    )
+                })?;
+                Some(bytes)
+            }
+            (Codec::Json, Body::Raw(v)) => {
+                if let Some(bytes) = v {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| {
+                        fail(
+                            ErrorKind::BadJson,
+                            format!("the value is not valid JSON: {e}"),
+                        )
+                    })?;
+                }
+                v.map(<[u8]>::to_vec)
+            }
+        };
+        let headers = match spec.headers {
+            HeaderPolicy::Keep => work.headers,
+            HeaderPolicy::Drop => Vec::new(),
+        };
+        out.push((
+            index,
+            Record {
+                key,
+                value,
+                headers,
+                timestamp: work.timestamp,
+                origin: work.origin,
+            },
+        ));
         Ok(())
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The kind and message of an expression that failed on a record.
+fn eval_error(e: &Expression, err: cel::ExecutionError) -> (ErrorKind, String) {
+    use cel::ExecutionError as E;
+    let kind = match &err {
+        E::NoSuchKey(_) => ErrorKind::MissingField,
+        E::UnexpectedType { .. }
+        | E::NoSuchOverload(_)
+        | E::UnsupportedBinaryOperator(..)
+        | E::ValuesNotComparable(..)
+        | E::UnsupportedTargetType { .. }
+        | E::NotSupportedAsMethod { .. }
+        | E::UnsupportedIndex(..)
+        | E::UnsupportedKeyType(_) => ErrorKind::WrongType,
+        _ => ErrorKind::Expression,
+    };
+    (kind, format!("`{}` failed: {err}", e.source()))
+}
 
-    fn record(value: Option<&str>) -> Record {
-        Record {
-            key: Some(b"k".to_vec()),
-            value: value.map(|v| v.as_bytes().to_vec()),
-            headers: vec![("h".into(), b"old".to_vec())],
-            timestamp: Some(1),
-            origin: Origin {
-                topic: "in".into(),
-                partition: 0,
-                offset: 7,
-            },
-        }
-    }
-
-    #[test]
-    fn empty_pipeline_passes_records_through() {
-        let mut out = Vec::new();
-        Pipeline::new(&[])
-            .process(record(Some("v")), &mut out)
-            .unwrap();
-        assert_eq!(out, vec![record(Some("v"))]);
-    }
-
-    #[test]
-    fn set_header_replaces_a_header_of_the_same_name() {
-        let p = Pipeline::new(&[Processor::SetHeader {
-            name: "h".into(),
-            value: "new".into(),
-        }]);
-        let mut out = Vec::new();
-        p.process(record(Some("v")), &mut out).unwrap();
-        assert_eq!(out[0].headers, vec![("h".to_string(), b"new".to_vec())]);
-    }
-
-    #[test]
-    fn drop_empty_drops_tombstones_and_empty_values_only() {
-        let p = Pipeline::new(&[Processor::DropEmpty {}]);
-        let mut out = Vec::new();
-        p.process(record(None), &mut out).unwrap();
-        p.process(record(Some("")), &mut out).unwrap();
-        p.process(record(Some("x")), &mut out).unwrap();
-        assert_eq!(out, vec![record(Some("x"))]);
+/// The JSON document of `work`, for a processor that changes it.
+fn json_mut<'w, 'a>(
+    work: &'w mut Work<'a>,
+    fail: &dyn Fn(ErrorKind, String) -> TransformError,
+) -> Result<&'w mut Doc<'a>, TransformError> {
+    match &mut work.body {
+        Body::Json(Some(Doc::Other(other))) => Err(fail(
+            ErrorKind::WrongType,
+            format!("the value is {}, not a JSON object", type_name(other)),
+        )),
+        Body::Json(Some(doc)) => Ok(doc),
+        Body::Json(None) => Err(fail(
+            ErrorKind::WrongType,
+            "the record has no value (a tombstone); drop those first with `drop_empty`".into(),
+        )),
+        Body::Raw(_) => Err(fail(
+            ErrorKind::WrongType,
+            "the value is raw bytes; this processor needs `codec: json` inputs".into(),
+        )),
     }
 }
+
+#[cfg(test)]
+mod tests;

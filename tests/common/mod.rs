@@ -98,6 +98,41 @@ pub fn produce_ids_paced(topic: &str, ids: impl IntoIterator<Item = u64>, per_se
     producer.flush(Duration::from_secs(60)).expect("flush");
 }
 
+/// Writes `(key, value)` records, idempotently.
+pub fn produce_records(topic: &str, records: impl IntoIterator<Item = (Option<String>, String)>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for (key, value) in records {
+        let mut record = BaseRecord::<str, str>::to(topic).payload(&value);
+        if let Some(k) = &key {
+            record = record.key(k.as_str());
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// A record read back from an output topic.
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    pub partition: i32,
+    pub key: Option<String>,
+    pub value: Option<String>,
+    pub headers: BTreeMap<String, String>,
+}
+
 fn reader(isolation: &str) -> BaseConsumer {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -165,6 +200,19 @@ pub fn distinct_now(topic: &str, partitions: i32, budget: Duration) -> usize {
 /// Every output id of `topic`, in order of reading, up to a marker written now to each
 /// partition. Panics when a marker does not become visible: a transaction is left hanging.
 pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
+    read_records(topic, partitions, isolation)
+        .iter()
+        .map(|r| {
+            let key = r.key.as_deref().expect("output record without key");
+            key.parse()
+                .unwrap_or_else(|_| panic!("output key is not an id: {key:?}"))
+        })
+        .collect()
+}
+
+/// Every record of `topic`, in order of reading, up to a marker written now to each
+/// partition. Panics when a marker does not become visible: a transaction is left hanging.
+pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRecord> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -188,9 +236,10 @@ pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
 
     let consumer = reader(isolation);
     assign_all(&consumer, topic, partitions);
-    let mut ids = Vec::new();
+    let mut records = Vec::new();
     let mut done = BTreeSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
+    let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
     while done.len() < partitions as usize {
         assert!(
             Instant::now() < deadline,
@@ -198,20 +247,30 @@ pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
         );
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(msg)) => {
-                let is_marker = msg
+                let headers: BTreeMap<String, String> = msg
                     .headers()
-                    .is_some_and(|h| h.iter().any(|h| h.key == MARKER_HEADER));
-                if is_marker {
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key.to_string(), text(h.value).unwrap_or_default()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if headers.contains_key(MARKER_HEADER) {
                     done.insert(msg.partition());
                 } else {
-                    ids.push(id_of(&msg));
+                    records.push(ReadRecord {
+                        partition: msg.partition(),
+                        key: text(msg.key()),
+                        value: text(msg.payload()),
+                        headers,
+                    });
                 }
             }
             Some(Err(e)) => panic!("reading {topic}: {e}"),
             None => {}
         }
     }
-    ids
+    records
 }
 
 /// Asserts that `output` holds every id of `input` exactly once and nothing else.

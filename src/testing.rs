@@ -1,0 +1,353 @@
+//! `onceflow test`: runs a topology's pipeline in-process over given input records, without
+//! any broker, and compares what each output receives (key, value, headers) with what a
+//! cases file expects. The project's own tests run every example of `topologies/` with it.
+//!
+//! A cases file:
+//!
+//! ```yaml
+//! cases:
+//!   - name: a paid order goes to `paid`, keyed by order id
+//!     input:
+//!       - topic: orders              # default: the first input
+//!         key: c-7                   # default: no key
+//!         value: {order_id: 1, status: paid}   # JSON (or a string for raw inputs)
+//!         headers: {source: web}
+//!     expect:                        # per output name; outputs not listed must stay empty
+//!       paid:
+//!         - key: "1"                 # null: no key; left out: not compared
+//!           value: {order_id: 1, status: paid}
+//!           headers: {source: web}   # left out: not compared
+//!     errors:                        # records expected to fail (default: none)
+//!       - {input: 0, kind: missing_field}
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::topology::{Codec, Topology};
+use crate::transform::{Origin, Pipeline, Record};
+
+/// A cases file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CasesFile {
+    /// The cases, run independently of each other.
+    pub cases: Vec<Case>,
+}
+
+/// Input records and what the outputs must receive from them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    /// Shown in reports.
+    pub name: String,
+    /// Records fed to the pipeline, in order.
+    pub input: Vec<InputRecord>,
+    /// Output name -> the records it must receive, in order.
+    #[serde(default)]
+    pub expect: BTreeMap<String, Vec<ExpectedRecord>>,
+    /// Input records expected to fail, and how.
+    #[serde(default)]
+    pub errors: Vec<ExpectedError>,
+}
+
+/// A record fed to the pipeline.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRecord {
+    /// Input topic. Default: the first input of the topology.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Key (UTF-8). Default: none.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Value: a string is written as its text, anything else as JSON. Default: none (a
+    /// tombstone), unless `raw` is given.
+    #[serde(default)]
+    pub value: Option<Json>,
+    /// Value given as exact text (e.g. something that is not JSON). Wins over `value`.
+    #[serde(default)]
+    pub raw: Option<String>,
+    /// Headers (UTF-8 values).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Timestamp, milliseconds since the epoch.
+    #[serde(default)]
+    pub timestamp: Option<i64>,
+}
+
+/// What an output record must be; every field left out is not compared.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedRecord {
+    /// Expected key; `null` for no key.
+    #[serde(default, deserialize_with = "present")]
+    pub key: Option<Option<String>>,
+    /// Expected value: compared as JSON for JSON outputs, as text when a string is given for
+    /// a raw output; `null` for no value.
+    #[serde(default, deserialize_with = "present")]
+    pub value: Option<Json>,
+    /// Expected headers, all of them.
+    #[serde(default)]
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// A field that is present (even as `null`) is `Some`.
+fn present<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// An input record expected to fail.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedError {
+    /// Index of the record in `input`.
+    pub input: usize,
+    /// Error kind: `bad_json`, `missing_field`, `wrong_type` or `expression`.
+    pub kind: String,
+}
+
+/// The result of one case.
+#[derive(Debug, Clone)]
+pub struct CaseReport {
+    pub name: String,
+    /// Empty when the case passed; otherwise a readable diff.
+    pub mismatches: Vec<String>,
+}
+
+impl CaseReport {
+    pub fn passed(&self) -> bool {
+        self.mismatches.is_empty()
+    }
+}
+
+/// Why cases could not be run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum CasesError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Parse {
+        path: String,
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+/// Reads a cases file.
+pub fn load_cases(path: &Path) -> Result<CasesFile, CasesError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| CasesError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    parse_cases(&text, &shown)
+}
+
+/// Parses cases text; `origin` names it in errors.
+pub fn parse_cases(text: &str, origin: &str) -> Result<CasesFile, CasesError> {
+    serde_saphyr::from_str(text).map_err(|e| CasesError::Parse {
+        path: origin.to_string(),
+        line: e.location().map(|l| l.line() as usize),
+        message: e.to_string().lines().next().unwrap_or_default().to_string(),
+    })
+}
+
+/// Runs every case; a case whose topology refers to unknown outputs or topics is reported
+/// as a mismatch, not a panic.
+pub fn run_cases(topology: &Topology, pipeline: &Pipeline, cases: &CasesFile) -> Vec<CaseReport> {
+    cases
+        .cases
+        .iter()
+        .map(|case| run_case(topology, pipeline, case))
+        .collect()
+}
+
+fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport {
+    let mut mismatches = Vec::new();
+    let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
+    let mut errors: Vec<(usize, String, String)> = Vec::new();
+    let mut out = Vec::new();
+    for (n, input) in case.input.iter().enumerate() {
+        let topic = input
+            .topic
+            .clone()
+            .or_else(|| topology.inputs.first().map(|i| i.topic.clone()))
+            .unwrap_or_default();
+        if !topology.inputs.iter().any(|i| i.topic == topic) {
+            mismatches.push(format!(
+                "input[{n}]: `{topic}` is not an input topic of the topology"
+            ));
+            continue;
+        }
+        let value = match (&input.raw, &input.value) {
+            (Some(raw), _) => Some(raw.as_bytes().to_vec()),
+            (None, Some(Json::String(s))) => Some(s.as_bytes().to_vec()),
+            (None, Some(v)) => Some(v.to_string().into_bytes()),
+            (None, None) => None,
+        };
+        let record = Record {
+            key: input.key.as_ref().map(|k| k.as_bytes().to_vec()),
+            value,
+            headers: input
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+                .collect(),
+            timestamp: input.timestamp,
+            origin: Origin {
+                topic,
+                partition: 0,
+                offset: n as i64,
+            },
+        };
+        out.clear();
+        match pipeline.process(record, &mut out) {
+            Ok(()) => {
+                for (index, rec) in out.drain(..) {
+                    if let Some(list) = got.get_mut(index) {
+                        list.push(rec);
+                    }
+                }
+            }
+            Err(e) => errors.push((n, e.kind.name().to_string(), e.to_string())),
+        }
+    }
+
+    for name in case.expect.keys() {
+        if !topology.outputs.iter().any(|o| o.name() == name) {
+            mismatches.push(format!("expect: no output is named `{name}`"));
+        }
+    }
+    for (index, output) in topology.outputs.iter().enumerate() {
+        let expected = case
+            .expect
+            .get(output.name())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let actual = &got[index];
+        let codec = topology.output_codec(index);
+        let same = expected.len() == actual.len()
+            && expected
+                .iter()
+                .zip(actual)
+                .all(|(e, a)| matches(e, a, codec));
+        if !same {
+            let mut diff = format!(
+                "output `{}` ({}): expected {} record(s), got {}\n",
+                output.name(),
+                output.topic,
+                expected.len(),
+                actual.len()
+            );
+            for i in 0..expected.len().max(actual.len()) {
+                let e = expected.get(i);
+                let a = actual.get(i);
+                match (e, a) {
+                    (Some(e), Some(a)) if matches(e, a, codec) => {
+                        diff.push_str(&format!("    {}\n", show_actual(a, codec, Some(e))));
+                    }
+                    _ => {
+                        if let Some(e) = e {
+                            diff.push_str(&format!("  - {}\n", show_expected(e)));
+                        }
+                        if let Some(a) = a {
+                            diff.push_str(&format!("  + {}\n", show_actual(a, codec, e)));
+                        }
+                    }
+                }
+            }
+            mismatches.push(diff.trim_end().to_string());
+        }
+    }
+    for (n, kind, message) in &errors {
+        if !case.errors.iter().any(|e| e.input == *n && &e.kind == kind) {
+            mismatches.push(format!("input[{n}] failed unexpectedly: {message}"));
+        }
+    }
+    for e in &case.errors {
+        if !errors
+            .iter()
+            .any(|(n, kind, _)| *n == e.input && *kind == e.kind)
+        {
+            mismatches.push(format!(
+                "input[{}] was expected to fail with {} but did not",
+                e.input, e.kind
+            ));
+        }
+    }
+    CaseReport {
+        name: case.name.clone(),
+        mismatches,
+    }
+}
+
+/// The value of an output record, for comparing and showing: JSON for JSON outputs (or for
+/// raw outputs when the expectation is not a string), text otherwise.
+fn actual_value(a: &Record, codec: Codec, expected: Option<&Json>) -> Json {
+    let Some(bytes) = &a.value else {
+        return Json::Null;
+    };
+    let as_text = codec == Codec::Raw && expected.is_none_or(Json::is_string);
+    if !as_text {
+        if let Ok(v) = serde_json::from_slice(bytes) {
+            return v;
+        }
+    }
+    Json::String(String::from_utf8_lossy(bytes).into_owned())
+}
+
+fn headers_of(a: &Record) -> BTreeMap<String, String> {
+    a.headers
+        .iter()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect()
+}
+
+fn key_of(a: &Record) -> Option<String> {
+    a.key
+        .as_ref()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+}
+
+fn matches(e: &ExpectedRecord, a: &Record, codec: Codec) -> bool {
+    e.key.as_ref().is_none_or(|k| *k == key_of(a))
+        && e.value
+            .as_ref()
+            .is_none_or(|v| *v == actual_value(a, codec, Some(v)))
+        && e.headers.as_ref().is_none_or(|h| *h == headers_of(a))
+}
+
+fn show_expected(e: &ExpectedRecord) -> String {
+    let mut obj = serde_json::Map::new();
+    if let Some(k) = &e.key {
+        obj.insert("key".into(), k.clone().map_or(Json::Null, Json::String));
+    }
+    if let Some(v) = &e.value {
+        obj.insert("value".into(), v.clone());
+    }
+    if let Some(h) = &e.headers {
+        obj.insert("headers".into(), serde_json::json!(h));
+    }
+    Json::Object(obj).to_string()
+}
+
+fn show_actual(a: &Record, codec: Codec, e: Option<&ExpectedRecord>) -> String {
+    let expected_value = e.and_then(|e| e.value.as_ref());
+    serde_json::json!({
+        "key": key_of(a),
+        "value": actual_value(a, codec, expected_value),
+        "headers": headers_of(a),
+    })
+    .to_string()
+}

@@ -1,0 +1,630 @@
+//! Expressions: CEL (the Common Expression Language), compiled once when a pipeline is
+//! compiled, never per record.
+//!
+//! Why CEL (the `cel` crate) and not VRL: CEL is a small, side-effect-free, non-Turing-complete
+//! language with a published specification, made for exactly this (predicates and field
+//! computations over a record; Kubernetes, Envoy and Google's policy engines use it); the
+//! crate is pure Rust with a handful of dependencies. VRL is a whole remapping language whose
+//! standard library pulls in hundreds of crates (and C libraries through its grok/regex
+//! support), a much heavier build for features a stream processor's per-record predicates do
+//! not need; without its stdlib it has little left. CEL's semantics are also strict in a way
+//! that suits exactly-once processing: a missing field or a type mismatch is an error we can
+//! report as permanent, rather than a silent null.
+//!
+//! Speed: nothing is bound up front. Variables are resolved on access by a resolver over the
+//! record (the crate's `VariableResolver`); CEL resolves `value.status` as a qualified name
+//! first, so the resolver answers it with that one field of the lazily decoded document
+//! ([`super::doc`]), strings borrowed, not copied. Only an expression that uses `value` as a
+//! whole (`size(value)`, `value[k]`) gets the whole document converted.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use cel::common::ast::{EntryExpr, Expr as Ast};
+use cel::common::types::{
+    CelBool, CelBytes, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
+use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
+use serde_json::Value as Json;
+
+use super::Origin;
+use super::doc::{Doc, Field};
+
+/// The variables an expression can use.
+pub const VARIABLES: &[&str] = &[
+    "value",
+    "key",
+    "headers",
+    "timestamp",
+    "topic",
+    "partition",
+    "offset",
+];
+
+/// The CEL environment shared by every expression: the standard library with the strings,
+/// math and lists extensions.
+fn env() -> Arc<Env> {
+    static ENV: OnceLock<Arc<Env>> = OnceLock::new();
+    Arc::clone(ENV.get_or_init(|| {
+        let mut env = Env::stdlib();
+        // The extensions are fixed at build time; failing to add them is a bug of ours, and a
+        // job must then still run with the standard library.
+        let _ = env.add_extension(cel::extensions::strings);
+        let _ = env.add_extension(cel::extensions::math);
+        let _ = env.add_extension(cel::extensions::lists);
+        Arc::new(env)
+    }))
+}
+
+/// How an expression uses `value`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum ValueUse {
+    #[default]
+    Unused,
+    /// Only the values at these paths are used (`value.a.b`, `has(value.c)`).
+    Paths(Vec<Vec<String>>),
+    /// As a whole.
+    Whole,
+}
+
+/// What an expression references, found once at compile time.
+#[derive(Debug, Clone, Default)]
+struct Uses {
+    value: ValueUse,
+    key: bool,
+    headers: bool,
+    timestamp: bool,
+    topic: bool,
+    partition: bool,
+    offset: bool,
+}
+
+/// A compiled expression.
+pub struct Expression {
+    source: String,
+    program: Program,
+    env: Arc<Env>,
+    uses: Uses,
+}
+
+/// What an expression evaluates against: one record's parts, borrowed.
+pub struct Scope<'s, 'a> {
+    /// The decoded value: JSON, or raw bytes.
+    pub value: ValueRef<'s, 'a>,
+    pub key: Option<&'s [u8]>,
+    pub headers: &'s [(String, Vec<u8>)],
+    pub timestamp: Option<i64>,
+    pub origin: &'s Origin,
+}
+
+/// A record value as expressions see it.
+#[derive(Clone, Copy)]
+pub enum ValueRef<'s, 'a> {
+    /// A JSON document; `None` for a record without value (`null`).
+    Json(Option<&'s Doc<'a>>),
+    Raw(Option<&'s [u8]>),
+}
+
+/// What of the JSON value an expression needs prepared (see [`Doc::prepare`]) before it
+/// runs.
+pub enum Needs<'e> {
+    Nothing,
+    Paths(&'e [Vec<String>]),
+    Whole,
+}
+
+impl std::fmt::Debug for Expression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Expression").field(&self.source).finish()
+    }
+}
+
+impl Expression {
+    /// Compiles `source`; the error says what is wrong, with its position in the expression.
+    pub fn compile(source: &str) -> Result<Expression, String> {
+        let env = env();
+        let program = env.compile(source).map_err(|e| {
+            let detail = e.to_string().replace("ERROR: <input>:", "at ");
+            format!(
+                "`{source}` is not a valid CEL expression: {}",
+                detail.replace('\n', " ")
+            )
+        })?;
+        let mut uses = Uses::default();
+        let mut unknown = BTreeSet::new();
+        analyze(
+            program.expression(),
+            &mut Vec::new(),
+            &mut uses,
+            &mut unknown,
+        );
+        if !unknown.is_empty() {
+            let names: Vec<String> = unknown.into_iter().collect();
+            return Err(format!(
+                "`{source}` uses unknown variable(s) {}; available: {}",
+                names.join(", "),
+                VARIABLES.join(", ")
+            ));
+        }
+        Ok(Expression {
+            source: source.to_string(),
+            program,
+            env,
+            uses,
+        })
+    }
+
+    /// The source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// What of the JSON value to prepare before evaluating.
+    pub fn needs(&self) -> Needs<'_> {
+        match &self.uses.value {
+            ValueUse::Unused => Needs::Nothing,
+            ValueUse::Paths(paths) => Needs::Paths(paths),
+            ValueUse::Whole => Needs::Whole,
+        }
+    }
+
+    /// Evaluates the expression on a record whose JSON value had what [`Expression::needs`]
+    /// decoded.
+    pub fn eval(&self, scope: &Scope<'_, '_>) -> Result<Value, ExecutionError> {
+        let resolver = Resolver {
+            scope,
+            uses: &self.uses,
+        };
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
+        ctx.set_variable_resolver(&resolver);
+        self.program.execute(&ctx)
+    }
+
+    /// Evaluates a predicate: `Ok(None)` when the result is not a bool.
+    pub fn eval_bool(&self, scope: &Scope<'_, '_>) -> Result<Option<bool>, ExecutionError> {
+        let resolver = Resolver {
+            scope,
+            uses: &self.uses,
+        };
+        let mut ctx = Context::with_env(Arc::clone(&self.env));
+        ctx.set_variable_resolver(&resolver);
+        let result = Value::resolve_val(self.program.expression(), &ctx)?;
+        Ok(result.downcast_ref::<CelBool>().map(|b| bool::from(*b)))
+    }
+}
+
+/// Resolves the variables of one evaluation on access.
+struct Resolver<'r, 's, 'a> {
+    scope: &'r Scope<'s, 'a>,
+    uses: &'r Uses,
+}
+
+impl VariableResolver for Resolver<'_, '_, '_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        let scope = self.scope;
+        if let Some(path) = variable.strip_prefix("value.") {
+            return field_val(scope.value, path).map(CowVal::Owned);
+        }
+        let val: Box<dyn Val + 'b> = match variable {
+            "value" => match &self.uses.value {
+                ValueUse::Paths(paths) => value_val(scope.value, Some(paths.as_slice())),
+                _ => value_val(scope.value, None),
+            },
+            "key" => bytes_val(scope.key),
+            "headers" => {
+                let map: HashMap<CelMapKey<'b>, Box<dyn Val + 'b>> = scope
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (CelMapKey::from(k.as_str()), bytes_val(Some(v))))
+                    .collect();
+                Box::new(CelMap::from(map))
+            }
+            "timestamp" => match scope.timestamp {
+                Some(t) => Box::new(CelInt::from(t)),
+                None => Box::new(CelNull),
+            },
+            "topic" => Box::new(CelString::from(scope.origin.topic.as_str())),
+            "partition" => Box::new(CelInt::from(i64::from(scope.origin.partition))),
+            "offset" => Box::new(CelInt::from(scope.origin.offset)),
+            _ => return None,
+        };
+        Some(CowVal::Owned(val))
+    }
+}
+
+/// `value.a.b` resolved directly: field `a` of the document, then `b` inside it. `None` when
+/// absent: CEL then selects step by step and reports the missing key.
+fn field_val<'b>(value: ValueRef<'b, '_>, path: &str) -> Option<Box<dyn Val + 'b>> {
+    let ValueRef::Json(Some(doc)) = value else {
+        return None;
+    };
+    let mut parts = path.split('.');
+    let mut field = doc.get(parts.next()?)?;
+    loop {
+        let Some(part) = parts.next() else {
+            return Some(field_to_val(field));
+        };
+        match field {
+            Field::Object(inner) => field = inner.get(part)?,
+            Field::Value(json) => {
+                let mut current = json.as_object()?.get(part)?;
+                for part in parts {
+                    current = current.as_object()?.get(part)?;
+                }
+                return Some(json_val(current));
+            }
+            // Not prepared for this path (`Expression::needs`): let CEL select step by step.
+            Field::Raw(_) => return None,
+        }
+    }
+}
+
+/// A field as a CEL value. A raw field that is not plain is only reachable here while CEL
+/// reports a missing key, or tests presence: it stands as null.
+fn field_to_val<'b>(field: &'b Field<'_>) -> Box<dyn Val + 'b> {
+    match field {
+        Field::Raw(raw) => raw_val(raw.get()).unwrap_or_else(|| Box::new(CelNull)),
+        Field::Object(doc) => doc_val(doc, None),
+        Field::Value(json) => json_val(json),
+    }
+}
+
+/// An object of the document as a CEL map; with `paths`, only the fields they start with.
+fn doc_val<'b>(doc: &'b Doc<'_>, paths: Option<&'b [Vec<String>]>) -> Box<dyn Val + 'b> {
+    match doc {
+        Doc::Other(json) => json_val(json),
+        Doc::Object(fields) => {
+            let map: HashMap<CelMapKey<'b>, Box<dyn Val + 'b>> = match paths {
+                Some(paths) => paths
+                    .iter()
+                    .filter_map(|p| p.first())
+                    .filter_map(|k| {
+                        doc.get(k)
+                            .map(|f| (CelMapKey::from(k.as_str()), field_to_val(f)))
+                    })
+                    .collect(),
+                None => fields
+                    .iter()
+                    .map(|(k, f)| (CelMapKey::from(k.as_ref()), field_to_val(f)))
+                    .collect(),
+            };
+            Box::new(CelMap::from(map))
+        }
+    }
+}
+
+/// A plain raw JSON scalar (number, bool, null, string without escapes) as a CEL value.
+fn raw_val(text: &str) -> Option<Box<dyn Val + '_>> {
+    Some(match text.as_bytes().first()? {
+        b'"' if !text.contains('\\') => Box::new(CelString::from(&text[1..text.len() - 1])),
+        b't' => Box::new(CelBool::from(true)),
+        b'f' => Box::new(CelBool::from(false)),
+        b'n' => Box::new(CelNull),
+        b'{' | b'[' | b'"' => return None,
+        _ => {
+            if let Ok(i) = text.parse::<i64>() {
+                Box::new(CelInt::from(i))
+            } else if let Ok(u) = text.parse::<u64>() {
+                Box::new(CelUInt::from(u))
+            } else {
+                Box::new(CelDouble::from(text.parse::<f64>().ok()?))
+            }
+        }
+    })
+}
+
+/// Collects what `e` references; `bound` holds the comprehension variables in scope.
+fn analyze(e: &IdedExpr, bound: &mut Vec<String>, uses: &mut Uses, unknown: &mut BTreeSet<String>) {
+    match &e.expr {
+        Ast::Select(select) => {
+            // `value.a.b` (or `has(value.a.b)`): only what is at that path is needed.
+            let path = if select.test {
+                value_path(&select.operand, bound).map(|mut p| {
+                    p.push(select.field.clone());
+                    p
+                })
+            } else {
+                value_path(e, bound)
+            };
+            match (path, &mut uses.value) {
+                (Some(_), ValueUse::Whole) => {}
+                (Some(path), ValueUse::Paths(paths)) => {
+                    if !paths.contains(&path) {
+                        paths.push(path);
+                    }
+                }
+                (Some(path), unused @ ValueUse::Unused) => *unused = ValueUse::Paths(vec![path]),
+                (None, _) => analyze(&select.operand, bound, uses, unknown),
+            }
+        }
+        Ast::Ident(name) => {
+            if name.starts_with('@') || bound.iter().any(|b| b == name) {
+                return;
+            }
+            match name.as_str() {
+                "value" => uses.value = ValueUse::Whole,
+                "key" => uses.key = true,
+                "headers" => uses.headers = true,
+                "timestamp" => uses.timestamp = true,
+                "topic" => uses.topic = true,
+                "partition" => uses.partition = true,
+                "offset" => uses.offset = true,
+                // Type names of the standard library (`type(x) == string`).
+                "bool" | "int" | "uint" | "double" | "string" | "bytes" | "list" | "map"
+                | "null_type" | "type" => {}
+                other => {
+                    unknown.insert(other.to_string());
+                }
+            }
+        }
+        Ast::Call(call) => {
+            if let Some(target) = &call.target {
+                analyze(target, bound, uses, unknown);
+            }
+            for arg in &call.args {
+                analyze(arg, bound, uses, unknown);
+            }
+        }
+        Ast::Comprehension(c) => {
+            analyze(&c.iter_range, bound, uses, unknown);
+            let depth = bound.len();
+            bound.push(c.iter_var.clone());
+            if let Some(v) = &c.iter_var2 {
+                bound.push(v.clone());
+            }
+            bound.push(c.accu_var.clone());
+            for part in [&c.accu_init, &c.loop_cond, &c.loop_step, &c.result] {
+                analyze(part, bound, uses, unknown);
+            }
+            bound.truncate(depth);
+        }
+        Ast::List(list) => {
+            for element in &list.elements {
+                analyze(element, bound, uses, unknown);
+            }
+        }
+        Ast::Map(map) => entries(&map.entries, bound, uses, unknown),
+        Ast::Struct(s) => entries(&s.entries, bound, uses, unknown),
+        Ast::Literal(_) | Ast::Unspecified => {}
+    }
+}
+
+/// The path of `e` when it is field selections on `value` (`value.a.b` gives `[a, b]`,
+/// `value` itself `[]`).
+fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
+    let mut path = Vec::new();
+    let mut current = e;
+    loop {
+        match &current.expr {
+            Ast::Select(s) if !s.test => {
+                path.push(s.field.clone());
+                current = &s.operand;
+            }
+            Ast::Ident(name) if name == "value" && !bound.iter().any(|b| b == "value") => {
+                path.reverse();
+                return Some(path);
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn entries(
+    entries: &[cel::common::ast::IdedEntryExpr],
+    bound: &mut Vec<String>,
+    uses: &mut Uses,
+    unknown: &mut BTreeSet<String>,
+) {
+    for entry in entries {
+        match &entry.expr {
+            EntryExpr::StructField(f) => analyze(&f.value, bound, uses, unknown),
+            EntryExpr::MapEntry(m) => {
+                analyze(&m.key, bound, uses, unknown);
+                analyze(&m.value, bound, uses, unknown);
+            }
+        }
+    }
+}
+
+/// `value` as a CEL value: the whole document, or an object of the fields `paths` start with.
+fn value_val<'b>(value: ValueRef<'b, '_>, paths: Option<&'b [Vec<String>]>) -> Box<dyn Val + 'b> {
+    match value {
+        ValueRef::Raw(bytes) => bytes_val(bytes),
+        ValueRef::Json(None) => Box::new(CelNull),
+        ValueRef::Json(Some(doc)) => doc_val(doc, paths),
+    }
+}
+
+/// A JSON value as a CEL value; strings are borrowed. Integers are `int` (`uint` beyond
+/// `int`'s range), other numbers `double`.
+pub fn json_val(json: &Json) -> Box<dyn Val + '_> {
+    match json {
+        Json::Null => Box::new(CelNull),
+        Json::Bool(b) => Box::new(CelBool::from(*b)),
+        Json::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Box::new(CelInt::from(i))
+            } else if let Some(u) = n.as_u64() {
+                Box::new(CelUInt::from(u))
+            } else {
+                Box::new(CelDouble::from(n.as_f64().unwrap_or(f64::NAN)))
+            }
+        }
+        Json::String(s) => Box::new(CelString::from(s.as_str())),
+        Json::Array(items) => Box::new(CelList::from(
+            items.iter().map(json_val).collect::<Vec<_>>(),
+        )),
+        Json::Object(obj) => Box::new(CelMap::from(
+            obj.iter()
+                .map(|(k, v)| (CelMapKey::from(k.as_str()), json_val(v)))
+                .collect::<HashMap<_, _>>(),
+        )),
+    }
+}
+
+/// Bytes as a CEL value: a string when they are UTF-8, bytes otherwise, null when absent.
+fn bytes_val(bytes: Option<&[u8]>) -> Box<dyn Val + '_> {
+    match bytes {
+        None => Box::new(CelNull),
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => Box::new(CelString::from(s)),
+            Err(_) => Box::new(CelBytes::from(b)),
+        },
+    }
+}
+
+/// A CEL result as JSON. Bytes, durations and timestamps have no JSON form: an error names
+/// the type (convert with `string(...)`).
+pub fn to_json(value: &Value) -> Result<Json, String> {
+    Ok(match value {
+        Value::Null => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Int(i) => Json::from(*i),
+        Value::UInt(u) => Json::from(*u),
+        Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Json::Number)
+            .ok_or_else(|| format!("{f} cannot be written as JSON"))?,
+        Value::String(s) => Json::String(s.as_str().to_string()),
+        Value::List(items) => Json::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        Value::Map(map) => {
+            let mut obj = serde_json::Map::with_capacity(map.map.len());
+            for (k, v) in map.map.iter() {
+                let key = match k {
+                    cel::objects::Key::String(s) => s.as_str().to_string(),
+                    cel::objects::Key::Int(i) => i.to_string(),
+                    cel::objects::Key::Uint(u) => u.to_string(),
+                    cel::objects::Key::Bool(b) => b.to_string(),
+                };
+                obj.insert(key, to_json(v)?);
+            }
+            Json::Object(obj)
+        }
+        other => {
+            return Err(format!(
+                "a {} has no JSON form; convert it, e.g. with string(...)",
+                other.type_of()
+            ));
+        }
+    })
+}
+
+/// A CEL result as key or header bytes: a string as UTF-8, a number in decimal, bytes as
+/// they are, null as none, lists and maps as JSON text.
+pub fn to_bytes(value: &Value) -> Result<Option<Vec<u8>>, String> {
+    Ok(match value {
+        Value::Null => None,
+        Value::String(s) => Some(s.as_bytes().to_vec()),
+        Value::Bytes(b) => Some(b.to_vec()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        Value::UInt(u) => Some(u.to_string().into_bytes()),
+        Value::Float(f) => Some(f.to_string().into_bytes()),
+        Value::Bool(b) => Some(b.to_string().into_bytes()),
+        other => Some(serde_json::to_vec(&to_json(other)?).map_err(|e| e.to_string())?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin() -> Origin {
+        Origin {
+            topic: "in".into(),
+            partition: 3,
+            offset: 42,
+        }
+    }
+
+    fn eval(src: &str, value: &Json) -> Result<Value, ExecutionError> {
+        let origin = origin();
+        let headers = vec![("h".to_string(), b"v".to_vec())];
+        let text = value.to_string();
+        let mut doc = Doc::parse(text.as_bytes()).unwrap();
+        let e = Expression::compile(src).unwrap();
+        match e.needs() {
+            Needs::Nothing => {}
+            Needs::Whole => doc.decode_all(),
+            Needs::Paths(paths) => paths.iter().for_each(|p| doc.prepare(p)),
+        }
+        let scope = Scope {
+            value: ValueRef::Json(Some(&doc)),
+            key: Some(b"k1"),
+            headers: &headers,
+            timestamp: Some(1000),
+            origin: &origin,
+        };
+        e.eval(&scope)
+    }
+
+    #[test]
+    fn only_selected_fields_are_bound() {
+        let e = Expression::compile("value.a > 1 && has(value.b) && value.c.d == 'x'").unwrap();
+        let path = |p: &str| p.split('.').map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            e.uses.value,
+            ValueUse::Paths(vec![path("a"), path("b"), path("c.d")])
+        );
+        let e = Expression::compile("size(value) > 1").unwrap();
+        assert_eq!(e.uses.value, ValueUse::Whole);
+        let e = Expression::compile("[1,2].exists(value, value > 1)").unwrap();
+        assert_eq!(e.uses.value, ValueUse::Unused);
+    }
+
+    #[test]
+    fn evaluates_against_the_record() {
+        let v = serde_json::json!({"a": 2, "b": null, "c": {"d": "x"}, "items": [1, 2, 3]});
+        assert_eq!(
+            eval("value.a > 1 && has(value.b) && value.c.d == 'x'", &v),
+            Ok(Value::Bool(true))
+        );
+        assert_eq!(
+            eval("value.items.exists(i, i == 3)", &v),
+            Ok(Value::Bool(true))
+        );
+        assert_eq!(eval("size(value)", &v), Ok(Value::Int(4)));
+        assert_eq!(
+            eval(
+                "key + '@' + topic + ':' + string(partition) + ':' + string(offset)",
+                &v
+            ),
+            Ok(Value::String(Arc::new("k1@in:3:42".into())))
+        );
+        assert_eq!(
+            eval("headers.h", &v),
+            Ok(Value::String(Arc::new("v".into())))
+        );
+        assert_eq!(eval("timestamp", &v), Ok(Value::Int(1000)));
+    }
+
+    #[test]
+    fn missing_fields_and_wrong_types_fail() {
+        let v = serde_json::json!({"a": "text"});
+        assert!(matches!(
+            eval("value.nope == 1", &v),
+            Err(ExecutionError::NoSuchKey(_))
+        ));
+        assert!(eval("value.a + 1", &v).is_err());
+    }
+
+    #[test]
+    fn unknown_variables_and_syntax_errors_are_compile_errors() {
+        let err = Expression::compile("valu.a == 1").unwrap_err();
+        assert!(err.contains("valu"), "{err}");
+        let err = Expression::compile("value.a ==").unwrap_err();
+        assert!(err.contains("not a valid CEL expression"), "{err}");
+    }
+
+    #[test]
+    fn results_convert_to_json_and_bytes() {
+        let v = serde_json::json!({"a": 2});
+        let r = eval("{'x': [value.a, 1.5, 'y', null, true]}", &v).unwrap();
+        assert_eq!(
+            to_json(&r).unwrap(),
+            serde_json::json!({"x": [2, 1.5, "y", null, true]})
+        );
+        assert_eq!(to_bytes(&Value::Int(7)).unwrap(), Some(b"7".to_vec()));
+        assert_eq!(to_bytes(&Value::Null).unwrap(), None);
+    }
+}

@@ -1,0 +1,213 @@
+use serde_json::json;
+
+use super::*;
+
+fn topology(yaml: &str) -> Topology {
+    Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn pipeline(yaml: &str) -> Pipeline {
+    Pipeline::compile(&topology(yaml)).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// A JSON topology with `pipeline` (YAML flow list) and outputs `a`, `b`.
+fn json_job(pipeline_yaml: &str) -> Pipeline {
+    pipeline(&format!(
+        "name: t\ninputs: [{{topic: in, codec: json}}]\npipeline: {pipeline_yaml}\noutputs: [{{topic: a}}]\n"
+    ))
+}
+
+fn record(value: Option<&str>) -> Record {
+    Record {
+        key: Some(b"k".to_vec()),
+        value: value.map(|v| v.as_bytes().to_vec()),
+        headers: vec![("h".into(), b"old".to_vec())],
+        timestamp: Some(1),
+        origin: Origin {
+            topic: "in".into(),
+            partition: 0,
+            offset: 7,
+        },
+    }
+}
+
+fn run(p: &Pipeline, value: &str) -> Result<Vec<(usize, Record)>, TransformError> {
+    let mut out = Vec::new();
+    p.process(record(Some(value)), &mut out).map(|()| out)
+}
+
+fn values(out: &[(usize, Record)]) -> Vec<serde_json::Value> {
+    out.iter()
+        .map(|(_, r)| serde_json::from_slice(r.value.as_deref().unwrap_or(b"null")).unwrap())
+        .collect()
+}
+
+const RAW: &str = "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\n";
+
+#[test]
+fn empty_pipeline_passes_raw_records_through() {
+    let p = pipeline(RAW);
+    let mut out = Vec::new();
+    p.process(record(Some("not json")), &mut out).unwrap();
+    assert_eq!(out, vec![(0, record(Some("not json")))]);
+}
+
+#[test]
+fn set_header_replaces_a_header_of_the_same_name() {
+    let p = pipeline(&format!(
+        "{RAW}pipeline: [{{set_header: {{name: h, value: new}}}}, {{set_header: {{name: t, expr: 'topic + \":\" + string(offset)'}}}}]\n"
+    ));
+    let mut out = Vec::new();
+    p.process(record(Some("v")), &mut out).unwrap();
+    assert_eq!(
+        out[0].1.headers,
+        vec![
+            ("h".to_string(), b"new".to_vec()),
+            ("t".to_string(), b"in:7".to_vec())
+        ]
+    );
+}
+
+#[test]
+fn drop_empty_drops_tombstones_and_empty_values_only() {
+    let p = pipeline(&format!("{RAW}pipeline: [{{drop_empty: {{}}}}]\n"));
+    let mut out = Vec::new();
+    p.process(record(None), &mut out).unwrap();
+    p.process(record(Some("")), &mut out).unwrap();
+    p.process(record(Some("x")), &mut out).unwrap();
+    assert_eq!(out, vec![(0, record(Some("x")))]);
+}
+
+#[test]
+fn filter_keeps_records_matching_the_predicate() {
+    let p = json_job("[{filter: 'value.n > 1'}]");
+    assert_eq!(run(&p, r#"{"n": 1}"#).unwrap().len(), 0);
+    assert_eq!(run(&p, r#"{"n": 2}"#).unwrap().len(), 1);
+}
+
+#[test]
+fn map_sets_fields_from_the_record_as_it_entered() {
+    let p = json_job(
+        "[{map: {total: 'value.price * double(value.qty)', meta.src: 'topic', price: '0'}}]",
+    );
+    let out = run(&p, r#"{"price": 2.5, "qty": 4}"#).unwrap();
+    assert_eq!(
+        values(&out),
+        vec![json!({"price": 0, "qty": 4, "total": 10.0, "meta": {"src": "in"}})]
+    );
+}
+
+#[test]
+fn drop_fields_and_rename_work_on_nested_paths() {
+    let p = json_job("[{drop_fields: [a, b.c, nope.x]}, {rename: {b.d: e, zz: y}}]");
+    let out = run(&p, r#"{"a": 1, "b": {"c": 2, "d": 3}, "z": 4}"#).unwrap();
+    assert_eq!(values(&out), vec![json!({"b": {}, "e": 3, "z": 4})]);
+}
+
+#[test]
+fn set_key_takes_the_expression_result() {
+    let p = json_job("[{set_key: 'value.id'}]");
+    let out = run(&p, r#"{"id": 42}"#).unwrap();
+    assert_eq!(out[0].1.key, Some(b"42".to_vec()));
+    let p = json_job("[{set_key: 'value.id'}]");
+    let out = run(&p, r#"{"id": "x-1"}"#).unwrap();
+    assert_eq!(out[0].1.key, Some(b"x-1".to_vec()));
+}
+
+#[test]
+fn explode_makes_one_record_per_element() {
+    let p = json_job("[{explode: {field: items, as: item}}, {set_key: 'string(value.item.sku)'}]");
+    let out = run(&p, r#"{"order": 1, "items": [{"sku": 10}, {"sku": 11}]}"#).unwrap();
+    assert_eq!(
+        values(&out),
+        vec![
+            json!({"order": 1, "item": {"sku": 10}}),
+            json!({"order": 1, "item": {"sku": 11}})
+        ]
+    );
+    assert_eq!(out[1].1.key, Some(b"11".to_vec()));
+    assert!(run(&p, r#"{"items": []}"#).unwrap().is_empty());
+    let err = run(&p, r#"{"items": 3}"#).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::WrongType);
+    let err = run(&p, r#"{"other": 3}"#).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::MissingField);
+    assert_eq!(
+        err.stage,
+        Stage::Processor {
+            index: 0,
+            name: "explode"
+        }
+    );
+}
+
+#[test]
+fn route_sends_records_by_predicate_with_a_default() {
+    let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline:\n  - route:\n      routes:\n        - {when: 'value.s == \"a\"', to: [a]}\n        - {when: 'value.n > 1', to: [a, b]}\n      default: [c]\n      mode: all\noutputs: [{topic: a}, {topic: b, key: 'value.s', headers: drop}, {topic: c, codec: raw}]\n";
+    let p = pipeline(yaml);
+    let idx = |v: &str| -> Vec<usize> { run(&p, v).unwrap().iter().map(|(i, _)| *i).collect() };
+    assert_eq!(idx(r#"{"s": "a", "n": 1}"#), vec![0]);
+    assert_eq!(idx(r#"{"s": "a", "n": 2}"#), vec![0, 1]);
+    assert_eq!(idx(r#"{"s": "b", "n": 2}"#), vec![0, 1]);
+    assert_eq!(idx(r#"{"s": "b", "n": 0}"#), vec![2]);
+    let out = run(&p, r#"{"s": "b", "n": 2}"#).unwrap();
+    assert_eq!(out[1].1.key, Some(b"b".to_vec()));
+    assert!(out[1].1.headers.is_empty());
+    assert_eq!(out[0].1.headers.len(), 1);
+}
+
+#[test]
+fn first_mode_stops_at_the_first_matching_route() {
+    let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline:\n  - route:\n      routes:\n        - {when: 'true', to: [a]}\n        - {when: 'true', to: [b]}\n      default: []\noutputs: [{topic: a}, {topic: b}]\n";
+    let out = run(&pipeline(yaml), "{}").unwrap();
+    assert_eq!(out.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0]);
+}
+
+#[test]
+fn bad_json_and_failing_expressions_are_permanent_errors_with_their_stage() {
+    let p = json_job("[{drop_empty: {}}, {filter: 'value.n > 1'}]");
+    let err = run(&p, "{not json").unwrap_err();
+    assert_eq!(
+        (err.kind, err.stage.clone()),
+        (ErrorKind::BadJson, Stage::Decode)
+    );
+    assert!(err.is_permanent());
+    let err = run(&p, r#"{"m": 1}"#).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::MissingField);
+    assert_eq!(
+        err.stage,
+        Stage::Processor {
+            index: 1,
+            name: "filter"
+        }
+    );
+    assert!(err.to_string().contains("pipeline[1] (filter)"), "{err}");
+    let err = run(&p, r#"{"n": "x"}"#).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::WrongType);
+    let p = json_job("[{filter: 'value.n'}]");
+    assert_eq!(
+        run(&p, r#"{"n": 1}"#).unwrap_err().kind,
+        ErrorKind::WrongType
+    );
+}
+
+#[test]
+fn compile_reports_every_bad_expression_with_its_path() {
+    let t = topology(
+        "name: t\ninputs: [{topic: in, codec: json}]\npipeline: [{filter: 'value.a ='}, {map: {x: 'bogus + 1', y: '1'}}]\noutputs: [{topic: a, key: '(('}]\n",
+    );
+    let issues = Pipeline::compile(&t).unwrap_err();
+    let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        vec!["pipeline[0].filter", "pipeline[1].map.x", "outputs[0].key"]
+    );
+}
+
+#[test]
+fn raw_values_are_bytes_or_strings_to_expressions() {
+    let p = pipeline(&format!(
+        "{RAW}pipeline: [{{filter: 'value.startsWith(\"ok\")'}}]\n"
+    ));
+    assert_eq!(run(&p, "ok then").unwrap().len(), 1);
+    assert_eq!(run(&p, "no").unwrap().len(), 0);
+}

@@ -1,0 +1,354 @@
+//! `onceflow validate`: every problem of a topology file at once, each with its field path and
+//! line. Environment interpolation, parsing, structural validation and expression compilation
+//! are all checked; [`check_broker`] adds what only a broker can tell (its transaction timeout
+//! ceiling, whether the topics exist).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+use crate::topology::env::{self, Strictness};
+use crate::topology::lines::LineMap;
+use crate::topology::{PROTECTED_CLIENT_SETTINGS, Topology};
+use crate::transform::Pipeline;
+
+/// One problem, located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// The file (or the name given to the text).
+    pub file: String,
+    /// 1-based line, when the problem has a place in the file.
+    pub line: Option<usize>,
+    /// Dotted field path (`pipeline[2].route.routes[0].when`); empty for the whole file.
+    pub path: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// The outcome of checking a file: what could be built, and every problem.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub topology: Option<Topology>,
+    pub pipeline: Option<Pipeline>,
+    pub diagnostics: Vec<Diagnostic>,
+    /// Line numbers of the interpolated text, to place later problems (broker checks).
+    pub lines: LineMap,
+}
+
+impl Checked {
+    /// The topology and its pipeline when there is no problem; every problem otherwise.
+    pub fn into_result(self) -> Result<(Topology, Pipeline), Vec<Diagnostic>> {
+        match (self.topology, self.pipeline) {
+            (Some(t), Some(p)) if self.diagnostics.is_empty() => Ok((t, p)),
+            _ => Err(self.diagnostics),
+        }
+    }
+}
+
+/// Reads and checks a topology file; `strictness` says whether unset variables are errors.
+pub fn check_file(path: &Path, strictness: Strictness) -> Checked {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => check_text(&text, &file, &|n| std::env::var(n).ok(), strictness),
+        Err(e) => Checked {
+            diagnostics: vec![Diagnostic {
+                file,
+                line: None,
+                path: String::new(),
+                message: format!("cannot read: {e}"),
+            }],
+            ..Checked::default()
+        },
+    }
+}
+
+/// Checks topology text; `file` names it in diagnostics, `lookup` reads the environment.
+pub fn check_text(
+    text: &str,
+    file: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    strictness: Strictness,
+) -> Checked {
+    let mut diagnostics = Vec::new();
+    let raw_lines = LineMap::build(text);
+    let (text, env_issues) = env::interpolate(text, lookup, strictness);
+    for issue in env_issues {
+        diagnostics.push(Diagnostic {
+            file: file.to_string(),
+            line: Some(issue.line),
+            path: raw_lines.path_at(issue.line).unwrap_or_default(),
+            message: issue.message,
+        });
+    }
+    let lines = LineMap::build(&text);
+    let topology = match Topology::parse_unchecked(&text) {
+        Ok(t) => t,
+        Err(e) => {
+            let line = e.location().map(|l| l.line() as usize);
+            diagnostics.push(Diagnostic {
+                file: file.to_string(),
+                line,
+                path: line.and_then(|l| lines.path_at(l)).unwrap_or_default(),
+                message: first_line(&e.to_string()),
+            });
+            return Checked {
+                diagnostics,
+                lines,
+                ..Checked::default()
+            };
+        }
+    };
+    let mut issues = topology.validate();
+    let pipeline = match Pipeline::compile(&topology) {
+        Ok(p) => Some(p),
+        Err(more) => {
+            for issue in more {
+                // Wiring problems are found by both; report each once.
+                if !issues.iter().any(|i| i.path == issue.path) {
+                    issues.push(issue);
+                }
+            }
+            None
+        }
+    };
+    for issue in issues {
+        diagnostics.push(Diagnostic {
+            file: file.to_string(),
+            line: lines.line_of(&issue.path),
+            path: issue.path,
+            message: issue.message,
+        });
+    }
+    diagnostics.sort_by_key(|d| d.line.unwrap_or(usize::MAX));
+    Checked {
+        topology: Some(topology),
+        pipeline,
+        diagnostics,
+        lines,
+    }
+}
+
+/// serde-saphyr's message without what is given separately (its `error: line L column C:`
+/// prefix, the snippet of the file after the first line) or meant for Rust developers (a
+/// hint to use `Option<...>`).
+fn first_line(message: &str) -> String {
+    let first = message.lines().next().unwrap_or(message);
+    let bare = first
+        .strip_prefix("error: line ")
+        .and_then(|rest| rest.split_once(": "))
+        .map_or(first, |(_, msg)| msg);
+    let bare = bare.split("; use Option<").next().unwrap_or(bare);
+    bare.to_string()
+}
+
+/// Checks `topology` against a running broker: `transaction.max.timeout.ms` must allow the
+/// topology's transaction timeout, and every input and output topic must exist. Every
+/// problem is returned, located with `lines`.
+pub fn check_broker(
+    topology: &Topology,
+    bootstrap: &str,
+    file: &str,
+    lines: &LineMap,
+    timeout: Duration,
+) -> Vec<Diagnostic> {
+    let diag = |path: &str, message: String| Diagnostic {
+        file: file.to_string(),
+        line: lines.line_of(path),
+        path: path.to_string(),
+        message,
+    };
+    let mut config = ClientConfig::new();
+    for (k, v) in &topology.kafka.common {
+        if !PROTECTED_CLIENT_SETTINGS.contains(&k.as_str()) {
+            config.set(k, v);
+        }
+    }
+    config.set("bootstrap.servers", bootstrap);
+    let admin: AdminClient<DefaultClientContext> = match config.create() {
+        Ok(a) => a,
+        Err(e) => {
+            return vec![diag(
+                "",
+                format!("cannot create a client for {bootstrap}: {e}"),
+            )];
+        }
+    };
+    let metadata = match admin.inner().fetch_metadata(None, timeout) {
+        Ok(m) => m,
+        Err(e) => {
+            return vec![diag(
+                "",
+                format!("cannot read the cluster metadata from {bootstrap}: {e}"),
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    let exists = |topic: &str| {
+        metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none())
+    };
+    for (i, input) in topology.inputs.iter().enumerate() {
+        if !exists(&input.topic) {
+            out.push(diag(
+                &format!("inputs[{i}].topic"),
+                format!("topic `{}` does not exist on {bootstrap}", input.topic),
+            ));
+        }
+    }
+    for (i, output) in topology.outputs.iter().enumerate() {
+        if !exists(&output.topic) {
+            out.push(diag(
+                &format!("outputs[{i}].topic"),
+                format!("topic `{}` does not exist on {bootstrap}", output.topic),
+            ));
+        }
+    }
+    let wanted = topology.runtime.transaction_timeout_ms;
+    let path = "runtime.transaction_timeout_ms";
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            out.push(diag(path, format!("cannot start an async runtime: {e}")));
+            return out;
+        }
+    };
+    for broker in metadata.brokers() {
+        let options = AdminOptions::new().request_timeout(Some(timeout));
+        let described = runtime
+            .block_on(admin.describe_configs(&[ResourceSpecifier::Broker(broker.id())], &options));
+        let ceiling = described
+            .map_err(|e| e.to_string())
+            .and_then(|mut results| {
+                results
+                    .pop()
+                    .ok_or_else(|| "no answer".to_string())?
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|resource| {
+                resource
+                    .get("transaction.max.timeout.ms")
+                    .and_then(|entry| entry.value.as_deref())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| "transaction.max.timeout.ms is not reported".to_string())
+            });
+        match ceiling {
+            Ok(max) if max < wanted => out.push(diag(
+                path,
+                format!(
+                    "{wanted} ms is more than the transaction.max.timeout.ms of broker {} ({max} ms): producers would fail to initialise; lower it or raise the broker's",
+                    broker.id()
+                ),
+            )),
+            Ok(_) => {}
+            Err(e) => out.push(diag(
+                path,
+                format!(
+                    "cannot read transaction.max.timeout.ms of broker {}: {e}",
+                    broker.id()
+                ),
+            )),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Vec<String> {
+        let env = |n: &str| (n == "SET").then(|| "x".to_string());
+        check_text(text, "t.yaml", &env, Strictness::Strict)
+            .diagnostics
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_problem_has_its_path_and_line() {
+        let text = "\
+name: t
+inputs:
+  - topic: in
+    codec: json
+pipeline:
+  - filter: 'value.a >'
+  - map:
+      b: 'nope.c'
+  - route:
+      routes:
+        - when: 'value.a == 1'
+          to: [a, missing]
+      default: []
+outputs:
+  - topic: a
+  - topic: b
+runtime:
+  commit_interval_ms: 2000
+  transaction_timeout_ms: 2000
+kafka:
+  consumer:
+    isolation.level: read_uncommitted
+";
+        let got = check(text);
+        let expected_starts = [
+            "t.yaml:6: pipeline[0].filter: ",
+            "t.yaml:8: pipeline[1].map.b: ",
+            "t.yaml:12: pipeline[2].route.routes[0].to[1]: ",
+            "t.yaml:16: outputs[1]: ",
+            "t.yaml:19: runtime.transaction_timeout_ms: ",
+            "t.yaml:22: kafka.consumer.isolation.level: ",
+        ];
+        assert_eq!(got.len(), expected_starts.len(), "{got:#?}");
+        for (g, e) in got.iter().zip(expected_starts) {
+            assert!(g.starts_with(e), "{g} should start with {e}");
+        }
+    }
+
+    #[test]
+    fn unset_variables_are_reported_with_line_and_path_along_with_the_rest() {
+        let text = "name: t\ninputs: [{topic: '${NOPE}'}]\noutputs: [{topic: '${SET}'}]\nruntime: {commit_interval_ms: 0}\n";
+        let got = check(text);
+        assert_eq!(got.len(), 2, "{got:#?}");
+        assert!(
+            got[0].starts_with("t.yaml:2: inputs[0].topic: environment variable NOPE"),
+            "{got:#?}"
+        );
+        assert!(
+            got[1].starts_with("t.yaml:4: runtime.commit_interval_ms"),
+            "{got:#?}"
+        );
+    }
+
+    #[test]
+    fn parse_errors_carry_their_line() {
+        let got = check(
+            "name: t\ninputs: [{topic: a}]\noutputs: [{topic: b}]\nruntime:\n  commit_interval: 5\n",
+        );
+        assert_eq!(got.len(), 1, "{got:#?}");
+        assert!(got[0].starts_with("t.yaml:5"), "{got:#?}");
+        assert!(got[0].contains("commit_interval"), "{got:#?}");
+    }
+}
