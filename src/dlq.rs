@@ -189,8 +189,8 @@ fn reader(bootstrap: &str, group: &str) -> Result<BaseConsumer, DlqError> {
         .create()?)
 }
 
-/// The end offsets of every partition of `topic` now: a command reads up to them.
-fn end_offsets(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32, i64>, DlqError> {
+/// The low and end offsets of every partition of `topic` now: a command reads up to them.
+fn watermarks(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32, (i64, i64)>, DlqError> {
     let timeout = Duration::from_secs(10);
     let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
     let partitions: Vec<i32> = metadata
@@ -201,41 +201,40 @@ fn end_offsets(consumer: &BaseConsumer, topic: &str) -> Result<BTreeMap<i32, i64
     if partitions.is_empty() {
         return Err(DlqError::Other(format!("topic {topic} does not exist")));
     }
-    let mut ends = BTreeMap::new();
+    let mut marks = BTreeMap::new();
     for p in partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, timeout)?;
-        ends.insert(p, high);
+        marks.insert(p, consumer.fetch_watermarks(topic, p, timeout)?);
     }
-    Ok(ends)
+    Ok(marks)
 }
 
 /// Reads `topic` from the group's committed offsets (or the beginning) up to the end offsets
-/// taken at the start, calling `each` for every record. Returns the end offsets.
+/// taken at the start, calling `each` for every record.
 fn read_to_end(
     consumer: &BaseConsumer,
     topic: &str,
     mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), DlqError>,
-) -> Result<BTreeMap<i32, i64>, DlqError> {
-    let ends = end_offsets(consumer, topic)?;
+) -> Result<(), DlqError> {
+    let marks = watermarks(consumer, topic)?;
     let mut tpl = TopicPartitionList::new();
-    for p in ends.keys() {
+    for p in marks.keys() {
         tpl.add_partition(topic, *p);
     }
     let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
     let mut assign = TopicPartitionList::new();
+    let mut pending: BTreeMap<i32, i64> = BTreeMap::new();
     for e in committed.elements() {
+        let (low, end) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
         let start = match e.offset() {
-            Offset::Offset(o) => Offset::Offset(o),
-            _ => Offset::Beginning,
+            Offset::Offset(o) => o.max(low),
+            _ => low,
         };
-        assign.add_partition_offset(topic, e.partition(), start)?;
+        assign.add_partition_offset(topic, e.partition(), Offset::Offset(start))?;
+        if start < end {
+            pending.insert(e.partition(), end);
+        }
     }
     consumer.assign(&assign)?;
-    let mut pending: BTreeMap<i32, i64> = ends
-        .iter()
-        .filter(|(_, h)| **h > 0)
-        .map(|(p, h)| (*p, *h))
-        .collect();
     let mut idle_since = Instant::now();
     while !pending.is_empty() {
         // Under read_committed a partition's end may be a transaction marker that is never
@@ -270,7 +269,7 @@ fn read_to_end(
             None => {}
         }
     }
-    Ok(ends)
+    Ok(())
 }
 
 fn shorten(bytes: Option<&[u8]>, max: usize) -> String {
@@ -365,10 +364,10 @@ pub fn replay(
         .create()?;
     let timeout = Timeout::After(Duration::from_secs(30));
     producer.init_transactions(timeout)?;
-    let total: u64 = {
-        let ends = end_offsets(&consumer, topic)?;
-        ends.values().map(|v| *v as u64).sum()
-    };
+    let total: u64 = watermarks(&consumer, topic)?
+        .values()
+        .map(|(low, end)| (end - low).max(0) as u64)
+        .sum();
     let mut stats = Replayed::default();
     let mut in_txn = 0u64;
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();

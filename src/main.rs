@@ -281,6 +281,11 @@ fn dispatch(command: Command) -> anyhow::Result<bool> {
                 health: Arc::new(Health::default()),
                 statistics_every: metrics_addr.map(|_| Duration::from_secs(statistics_secs.max(1))),
                 stop_after_records,
+                // Test-only failpoint: the pipeline fails transiently this many times first.
+                transient_failures: std::env::var("ONCEFLOW_FAILPOINT_TRANSIENT_FAILURES")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
                 // Test-only failpoint: abort every n-th transaction instead of committing it.
                 abort_every: std::env::var("ONCEFLOW_FAILPOINT_ABORT_EVERY")
                     .ok()

@@ -153,20 +153,49 @@ pub fn record_failed(
     origin: &crate::transform::Origin,
     error: &crate::transform::TransformError,
     on_error: crate::topology::OnError,
+    attempts: u32,
 ) {
     let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
     let kind = error.kind.name();
     let stage = error.stage.to_string();
     match on_error {
+        crate::topology::OnError::DeadLetter => warn!(
+            topic, partition, offset, kind, stage, attempts, %error,
+            "record failed in the pipeline; written to the dead-letter topic in this transaction"
+        ),
         crate::topology::OnError::Fail => error!(
-            topic, partition, offset, kind, stage, %error,
+            topic, partition, offset, kind, stage, attempts, %error,
             "record failed in the pipeline; aborting the transaction and stopping (runtime.on_error: fail)"
         ),
         crate::topology::OnError::Skip => warn!(
-            topic, partition, offset, kind, stage, %error,
+            topic, partition, offset, kind, stage, attempts, %error,
             "record failed in the pipeline; skipped: its offset commits without output (runtime.on_error: skip)"
         ),
     }
+}
+
+/// A record was added to the dead-letter topic of the open transaction.
+pub fn dead_lettered(kind: &'static str) {
+    counter!(m::RECORDS_DEAD_LETTERED, "kind" => kind).increment(1);
+}
+
+/// A record failed transiently and is tried again after `delay`.
+pub fn record_retry(
+    origin: &crate::transform::Origin,
+    error: &crate::transform::TransformError,
+    attempt: u32,
+    delay: Duration,
+) {
+    counter!(m::RETRIES, "stage" => "pipeline").increment(1);
+    warn!(
+        topic = origin.topic.as_str(),
+        partition = origin.partition,
+        offset = origin.offset,
+        attempt,
+        delay_ms = delay.as_millis() as u64,
+        %error,
+        "transient failure; trying the record again"
+    );
 }
 
 pub fn shutting_down() {

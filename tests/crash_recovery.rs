@@ -5,7 +5,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -44,57 +43,7 @@ fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
 }
 
 fn spawn(setup: &Setup, instance: &str) -> KillOnDrop {
-    let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
-        .arg("run")
-        .arg(&setup.topology)
-        .args([
-            "--bootstrap-servers",
-            &bootstrap(),
-            "--instance-id",
-            instance,
-        ])
-        .args(["--progress-secs", "0"])
-        .env(
-            "RUST_LOG",
-            std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn onceflow");
-    KillOnDrop(child)
-}
-
-fn signal(child: &Child, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {sig} failed");
-}
-
-fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
-}
-
-/// Stops a job gracefully and checks it exits 0.
-fn terminate(mut child: KillOnDrop) {
-    signal(&child, "-TERM");
-    let status = wait_exit(&mut child, Duration::from_secs(60));
-    if status.is_none() {
-        let _ = child.kill();
-    }
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "onceflow did not exit 0 on SIGTERM: {status:?}"
-    );
+    spawn_job(&setup.topology, instance, &[])
 }
 
 #[test]

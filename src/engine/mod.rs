@@ -24,11 +24,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, TopicPartitionList};
 
+use crate::dlq;
 use crate::telemetry::{self, AbortReason, health::Health};
 use crate::topology::{OnError, Topology};
-use crate::transform::{Origin, Pipeline, Record};
+use crate::transform::{ErrorKind, Origin, Pipeline, Record, Stage, TransformError};
 pub use clients::Identity;
-use txn::{Added, Txn, TxnSettings, TxnStats, lock};
+use retry::Backoff;
+use txn::{Added, Committed, Txn, TxnSettings, TxnStats, lock};
 
 /// Why a job stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,8 @@ pub struct RunOptions {
     pub stop_after_records: Option<u64>,
     /// Test-only failpoint: abort every n-th transaction instead of committing it.
     pub abort_every: Option<u64>,
+    /// Test-only failpoint: the pipeline fails transiently this many times (in all) first.
+    pub transient_failures: u64,
     /// How often a progress line is logged.
     pub progress_every: Option<Duration>,
     /// Where the job reports its readiness.
@@ -166,6 +170,74 @@ fn to_record(msg: &BorrowedMessage<'_>) -> Record {
     }
 }
 
+/// The failure the transient failpoint injects.
+fn injected_failure() -> TransformError {
+    TransformError {
+        kind: ErrorKind::Unavailable,
+        stage: Stage::Decode,
+        message: "injected transient failure".into(),
+    }
+}
+
+/// The producer's `message.max.bytes`: a larger record fails at send, for good.
+fn max_message_bytes(topology: &Topology) -> usize {
+    let k = &topology.kafka;
+    k.producer
+        .get("message.max.bytes")
+        .or_else(|| k.common.get("message.max.bytes"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// Approximate encoded size of a record: key, value, headers and librdkafka's framing.
+fn encoded_size(rec: &Record) -> usize {
+    const OVERHEAD: usize = 128;
+    rec.key.as_ref().map_or(0, Vec::len)
+        + rec.value.as_ref().map_or(0, Vec::len)
+        + rec
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+        + OVERHEAD
+}
+
+/// Refuses outputs too large to send, before any of them is sent: a record either goes out
+/// whole or to the dead-letter topic.
+fn check_sizes(outputs: &[(usize, Record)], max: usize) -> Result<(), TransformError> {
+    match outputs.iter().find(|(_, r)| encoded_size(r) > max) {
+        None => Ok(()),
+        Some((index, r)) => Err(TransformError {
+            kind: ErrorKind::TooLarge,
+            stage: Stage::Output {
+                index: *index,
+                name: String::new(),
+            },
+            message: format!(
+                "output of about {} bytes exceeds message.max.bytes ({max})",
+                encoded_size(r)
+            ),
+        }),
+    }
+}
+
+/// A dead-letter record too large to send keeps its headers and drops its value.
+fn fit_dead_letter(mut letter: Record, max: usize) -> Record {
+    if encoded_size(&letter) > max {
+        letter.value = None;
+        letter
+            .headers
+            .push(("onceflow.error.value-dropped".into(), b"too large".to_vec()));
+    }
+    letter
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// At debug level, a span with the record's origin and message id, so one message can be
 /// followed end to end; at other levels a disabled span that costs next to nothing.
 fn record_span(record: &Record) -> tracing::Span {
@@ -255,6 +327,14 @@ pub fn run(
     let topics = topology.output_topics();
     let mut produced: Vec<(usize, Record)> = Vec::new();
     let mut skipped: u64 = 0;
+    let dead_letter_topic = topology.dead_letter_topic();
+    let backoff = Backoff {
+        initial: Duration::from_millis(runtime.retry_backoff_ms),
+        max: Duration::from_millis(runtime.retry_backoff_max_ms),
+        max_attempts: runtime.max_attempts,
+    };
+    let max_message_bytes = max_message_bytes(topology);
+    let mut injected_failures = options.transient_failures;
     let mut outputs: Vec<(&str, Record)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
@@ -290,12 +370,73 @@ pub fn run(
                 let record = to_record(&msg);
                 drop(msg);
                 let _record_span = record_span(&record).entered();
-                produced.clear();
-                if let Err(e) = pipeline.process(record.clone(), &mut produced) {
-                    telemetry::record_failed(&record.origin, &e, runtime.on_error);
+                // Transient failures are retried with backoff; the open transaction commits
+                // first, so it is not held open while waiting.
+                let mut attempt = 1;
+                let mut failure = None;
+                let processed = loop {
+                    produced.clear();
+                    let result = if injected_failures > 0 {
+                        injected_failures -= 1;
+                        Err(injected_failure())
+                    } else {
+                        pipeline.process(record.clone(), &mut produced)
+                    };
+                    match result {
+                        Err(e) if !e.is_permanent() && backoff.may_retry(attempt) => {
+                            match txn.commit(&consumer) {
+                                Ok(Committed::Done | Committed::Nothing) => {}
+                                // The rewind moved this partition back: the record comes again.
+                                Ok(Committed::Aborted) => break None,
+                                Err(e) => {
+                                    failure = Some(e);
+                                    break None;
+                                }
+                            }
+                            let delay = backoff.delay(attempt, rand::random());
+                            telemetry::record_retry(&record.origin, &e, attempt, delay);
+                            std::thread::sleep(delay);
+                            attempt += 1;
+                        }
+                        other => break Some(other),
+                    }
+                };
+                if let Some(e) = failure {
+                    break Err(e);
+                }
+                let processed =
+                    processed.map(|r| r.and_then(|()| check_sizes(&produced, max_message_bytes)));
+                let mut handled = processed.is_none();
+                if let Some(Err(e)) = processed {
+                    telemetry::record_failed(&record.origin, &e, runtime.on_error, attempt);
                     match runtime.on_error {
-                        // Until dead-lettering exists, a failing record stops the job: its
-                        // offset is never committed, nothing is lost.
+                        OnError::DeadLetter => {
+                            produced.clear();
+                            let letter = dlq::dead_letter(
+                                &record,
+                                &dlq::Failure {
+                                    kind: e.kind.name().to_string(),
+                                    message: e.message.clone(),
+                                    stage: e.stage.to_string(),
+                                    attempts: attempt,
+                                },
+                                &topology.name,
+                                &identity.instance_id,
+                                now_ms(),
+                            );
+                            let letter = fit_dead_letter(letter, max_message_bytes);
+                            handled = true;
+                            match txn.add(
+                                &consumer,
+                                &record,
+                                &[(dead_letter_topic.as_str(), letter)],
+                            ) {
+                                Ok(Added::Yes) => telemetry::dead_lettered(e.kind.name()),
+                                Ok(Added::Aborted) => {}
+                                Err(e) => break Err(e),
+                            }
+                        }
+                        // The offset is never committed, nothing is lost.
                         OnError::Fail => {
                             let _ = txn.abort_and_rewind(
                                 &consumer,
@@ -317,15 +458,19 @@ pub fn run(
                         }
                     }
                 }
-                outputs.clear();
-                outputs.extend(
-                    produced
-                        .drain(..)
-                        .map(|(index, r)| (topics.get(index).copied().unwrap_or_default(), r)),
-                );
-                match txn.add(&consumer, &record, &outputs) {
-                    Ok(Added::Yes | Added::Aborted) => {}
-                    Err(e) => break Err(e),
+                if handled {
+                    // Dead-lettered, or to come again after a rewind.
+                } else {
+                    outputs.clear();
+                    outputs.extend(
+                        produced
+                            .drain(..)
+                            .map(|(index, r)| (topics.get(index).copied().unwrap_or_default(), r)),
+                    );
+                    match txn.add(&consumer, &record, &outputs) {
+                        Ok(Added::Yes | Added::Aborted) => {}
+                        Err(e) => break Err(e),
+                    }
                 }
             }
         }

@@ -16,6 +16,7 @@ pub const BYTES_CONSUMED: &str = "onceflow_bytes_consumed_total";
 pub const RECORDS_PRODUCED: &str = "onceflow_records_produced_total";
 pub const BYTES_PRODUCED: &str = "onceflow_bytes_produced_total";
 pub const RECORDS_FILTERED: &str = "onceflow_records_filtered_total";
+pub const RECORDS_DEAD_LETTERED: &str = "onceflow_records_dead_lettered_total";
 pub const TXN_COMMITTED: &str = "onceflow_transactions_committed_total";
 pub const TXN_ABORTED: &str = "onceflow_transactions_aborted_total";
 pub const COMMIT_DURATION: &str = "onceflow_commit_duration_seconds";
@@ -53,6 +54,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         RECORDS_FILTERED,
         "Committed consumed records the pipeline produced nothing for.",
+    ),
+    (
+        RECORDS_DEAD_LETTERED,
+        "Records written to the dead-letter topic (committed or not), by error kind.",
     ),
     (TXN_COMMITTED, "Transactions committed."),
     (

@@ -58,6 +58,18 @@ pub struct Topology {
     /// Kafka client settings.
     #[serde(default)]
     pub kafka: KafkaSettings,
+    /// Where records the pipeline fails on go (with `runtime.on_error: dead_letter`).
+    #[serde(default)]
+    pub dead_letter: DeadLetter,
+}
+
+/// The dead-letter topic, written in the same transaction as the outputs.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    /// Topic name. Default: `<name>.dlq`.
+    #[serde(default)]
+    pub topic: Option<String>,
 }
 
 /// A consumed topic.
@@ -144,9 +156,12 @@ impl Output {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
+    /// Write the record to the dead-letter topic, in the same transaction as the outputs and
+    /// the offsets, with headers saying what failed, where and when.
+    #[default]
+    DeadLetter,
     /// Abort the open transaction, rewind, and stop with an error naming the record's origin.
     /// Nothing is lost: the record's offset is never committed.
-    #[default]
     Fail,
     /// Commit the record's offset without output, log it with its origin and count it.
     Skip,
@@ -176,10 +191,20 @@ pub struct Runtime {
     /// Consumer `session.timeout.ms`: how long a dead instance keeps its partitions.
     #[serde(default = "default_session_timeout_ms")]
     pub session_timeout_ms: u64,
-    /// What to do with a record the pipeline fails on: `fail` (stop) or `skip` (log, count,
-    /// commit its offset without output).
+    /// What to do with a record the pipeline fails on for good: `dead_letter` (default),
+    /// `fail` (stop) or `skip` (log, count, commit its offset without output).
     #[serde(default)]
     pub on_error: OnError,
+    /// Attempts at a record whose failure is transient (the first included) before it is
+    /// handled as `on_error` says.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Delay before the second attempt; it doubles up to `retry_backoff_max_ms`, with jitter.
+    #[serde(default = "default_retry_backoff_ms")]
+    pub retry_backoff_ms: u64,
+    /// Cap of the delay between attempts.
+    #[serde(default = "default_retry_backoff_max_ms")]
+    pub retry_backoff_max_ms: u64,
     /// `exactly_once` (default): outputs and offsets commit in one Kafka transaction.
     /// `at_least_once`: no transactions; offsets are committed after every output is
     /// acknowledged, so a crash may write some outputs twice. For comparison and for sinks
@@ -197,6 +222,15 @@ pub enum Guarantee {
     AtLeastOnce,
 }
 
+fn default_max_attempts() -> u32 {
+    3
+}
+fn default_retry_backoff_ms() -> u64 {
+    100
+}
+fn default_retry_backoff_max_ms() -> u64 {
+    5_000
+}
 fn default_commit_interval_ms() -> u64 {
     100
 }
@@ -227,6 +261,9 @@ impl Default for Runtime {
             session_timeout_ms: default_session_timeout_ms(),
             guarantee: Guarantee::default(),
             on_error: OnError::default(),
+            max_attempts: default_max_attempts(),
+            retry_backoff_ms: default_retry_backoff_ms(),
+            retry_backoff_max_ms: default_retry_backoff_max_ms(),
         }
     }
 }
@@ -381,6 +418,22 @@ impl Topology {
         }
         if rt.max_records_per_txn == 0 {
             issue("runtime.max_records_per_txn".into(), "must be at least 1");
+        }
+        if rt.max_attempts == 0 {
+            issue("runtime.max_attempts".into(), "must be at least 1");
+        }
+        if rt.retry_backoff_ms > rt.retry_backoff_max_ms {
+            issue(
+                "runtime.retry_backoff_ms".into(),
+                "must not exceed runtime.retry_backoff_max_ms",
+            );
+        }
+        let dlq = self.dead_letter_topic();
+        if self.inputs.iter().any(|i| i.topic == dlq) {
+            issue(
+                "dead_letter.topic".into(),
+                "must differ from every input topic (failed records would come back forever)",
+            );
         }
         if rt.transaction_timeout_ms < 1000 {
             issue(
@@ -556,6 +609,14 @@ impl Topology {
             })
     }
 
+    /// The dead-letter topic of this job.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter
+            .topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.name))
+    }
+
     /// The consumer group of every instance of this job.
     pub fn group_id(&self) -> String {
         self.group_id
@@ -603,7 +664,9 @@ mod tests {
         assert_eq!(t.runtime.transaction_timeout_ms, 10_000);
         assert_eq!(t.group_id(), "onceflow.t");
         assert_eq!(t.output_topics(), vec!["out"]);
-        assert_eq!(t.runtime.on_error, OnError::Fail);
+        assert_eq!(t.runtime.on_error, OnError::DeadLetter);
+        assert_eq!(t.dead_letter_topic(), "t.dlq");
+        assert_eq!(t.runtime.max_attempts, 3);
         assert_eq!(t.output_codec(0), Codec::Raw);
     }
 

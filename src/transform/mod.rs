@@ -57,6 +57,10 @@ pub enum ErrorKind {
     WrongType,
     /// An expression failed otherwise (division by zero, overflow, a function's error).
     Expression,
+    /// The encoded record is larger than the producer may send (`message.max.bytes`).
+    TooLarge,
+    /// Something the record needs is unavailable for now (a sink, a registry): retry.
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -66,7 +70,9 @@ impl ErrorKind {
             ErrorKind::BadJson
             | ErrorKind::MissingField
             | ErrorKind::WrongType
-            | ErrorKind::Expression => true,
+            | ErrorKind::Expression
+            | ErrorKind::TooLarge => true,
+            ErrorKind::Unavailable => false,
         }
     }
 
@@ -77,6 +83,8 @@ impl ErrorKind {
             ErrorKind::MissingField => "missing_field",
             ErrorKind::WrongType => "wrong_type",
             ErrorKind::Expression => "expression",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Unavailable => "unavailable",
         }
     }
 }

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -161,6 +162,14 @@ fn id_of(msg: &impl Message) -> u64 {
         .unwrap_or_else(|| panic!("output key is not an id: {key:?}"))
 }
 
+/// The value of the end marker header, if the record is a marker.
+fn marker_of(msg: &impl Message) -> Option<String> {
+    msg.headers()?
+        .iter()
+        .find(|h| h.key == MARKER_HEADER)
+        .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+}
+
 /// Reads until `expected` distinct ids are visible to read_committed, or `timeout`.
 /// Returns how many distinct ids were seen.
 pub fn wait_for_distinct(
@@ -186,7 +195,9 @@ pub fn wait_for_distinct_while(
     let deadline = Instant::now() + timeout;
     while seen.len() < expected && Instant::now() < deadline && alive() {
         if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200)) {
-            seen.insert(id_of(&msg));
+            if marker_of(&msg).is_none() {
+                seen.insert(id_of(&msg));
+            }
         }
     }
     seen.len()
@@ -217,10 +228,12 @@ pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRe
         .set("bootstrap.servers", bootstrap())
         .create()
         .expect("producer");
+    // Markers of earlier reads of the same topic are passed over: only this one ends it.
+    let this_read = unique("end");
     for p in 0..partitions {
         let headers = OwnedHeaders::new().insert(Header {
             key: MARKER_HEADER,
-            value: Some("end"),
+            value: Some(&this_read),
         });
         producer
             .send(
@@ -255,8 +268,11 @@ pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRe
                             .collect()
                     })
                     .unwrap_or_default();
-                if headers.contains_key(MARKER_HEADER) {
-                    done.insert(msg.partition());
+                if let Some(marker) = headers.get(MARKER_HEADER) {
+                    // Markers of earlier reads of the same topic are passed over.
+                    if *marker == this_read {
+                        done.insert(msg.partition());
+                    }
                 } else {
                     records.push(ReadRecord {
                         partition: msg.partition(),
@@ -326,4 +342,60 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `onceflow run <topology>` as a child process on the test broker; `env` adds variables.
+pub fn spawn_job(topology: &std::path::Path, instance: &str, env: &[(&str, &str)]) -> KillOnDrop {
+    let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("run")
+        .arg(topology)
+        .envs(env.iter().copied())
+        .args([
+            "--bootstrap-servers",
+            &bootstrap(),
+            "--instance-id",
+            instance,
+        ])
+        .args(["--progress-secs", "0"])
+        .env(
+            "RUST_LOG",
+            std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn onceflow");
+    KillOnDrop(child)
+}
+
+pub fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig} failed");
+}
+
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Stops a job gracefully and checks it exits 0.
+pub fn terminate(mut child: KillOnDrop) {
+    signal(&child, "-TERM");
+    let status = wait_exit(&mut child, Duration::from_secs(60));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "onceflow did not exit 0 on SIGTERM: {status:?}"
+    );
 }
