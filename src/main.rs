@@ -196,7 +196,9 @@ fn run_embedded(
     for topic in topology.input_topics() {
         cluster.create_topic(topic, 3)?;
     }
-    cluster.create_topic(topology.output_topic(), 3)?;
+    if let Some(topic) = topology.output_topic() {
+        cluster.create_topic(topic, 3)?;
+    }
     for topic in topology.input_topics() {
         cluster.feed(topic, records)?;
     }

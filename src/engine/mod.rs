@@ -45,6 +45,8 @@ pub enum EngineError {
         offset: i64,
         message: String,
     },
+    #[error("{0}")]
+    Sink(#[from] crate::sink::SinkError),
 }
 
 /// How a run ends besides a shutdown signal.
@@ -199,11 +201,10 @@ pub fn run(
         producer_config.set("statistics.interval.ms", &ms);
         consumer_config.set("statistics.interval.ms", &ms);
     }
-    let txn = Arc::new(Mutex::new(Txn::new(
-        producer_config,
-        settings,
-        Arc::clone(&health),
-    )?));
+    let sinks = crate::sink::Sinks::from_topology(topology)?;
+    let txn = Arc::new(Mutex::new(
+        Txn::new(producer_config, settings, Arc::clone(&health))?.with_sinks(sinks),
+    ));
     let context = EngineContext {
         txn: Arc::clone(&txn),
         failure: Mutex::new(None),
@@ -275,8 +276,22 @@ pub fn run(
                         message: e.to_string(),
                     });
                 }
+                if txn.has_sinks() {
+                    if let Err(e) = txn.stage(&produced) {
+                        // Like a failing transform: until dead-lettering exists, the job stops
+                        // on a record no sink can take, committing nothing of its batch.
+                        let _ = txn.abort_and_rewind(
+                            &consumer,
+                            AbortReason::SinkFailed,
+                            &e.to_string(),
+                        );
+                        break Err(e.into());
+                    }
+                }
                 outputs.clear();
-                outputs.extend(produced.drain(..).map(|r| (output, r)));
+                if let Some(topic) = output {
+                    outputs.extend(produced.drain(..).map(|r| (topic, r)));
+                }
                 match txn.add(&consumer, &record, &outputs) {
                     Ok(Added::Yes | Added::Aborted) => {}
                     Err(e) => break Err(e),
