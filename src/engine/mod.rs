@@ -45,7 +45,7 @@ pub enum EngineError {
         offset: i64,
         message: String,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Sink(#[from] crate::sink::SinkError),
 }
 

@@ -43,7 +43,7 @@ pub struct SinkError {
     pub output: String,
     /// The consumed record at fault.
     pub origin: Option<Origin>,
-    #[source]
+    /// What went wrong (already part of the message, so not repeated as its source).
     pub cause: Box<PostgresError>,
 }
 
