@@ -498,6 +498,45 @@ fn sink_counts_increments_once_and_names_bad_records() {
 }
 
 #[test]
+fn sink_with_event_ids_applies_an_event_once_whatever_its_offsets() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("eventid");
+    db.exec(&format!(
+        "CREATE TABLE {table} (key text PRIMARY KEY, n bigint NOT NULL, tags text[])"
+    ));
+    let config = sink_config(
+        &table,
+        "      id_columns: [key]\n      columns: {key: k, n: one, tags: tags}\n      increment_columns: [n]\n      event_id: {field: eid}\n",
+    );
+    let topology = unique("eventid");
+    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    // Event e1 twice in one batch (two offsets), e2 once; then e1 and e2 again on new
+    // offsets with e3: each event counts once.
+    let event = |offset, eid: &str| {
+        rec(
+            offset,
+            json!({"eid": eid, "k": "a", "one": 1, "tags": ["x", "y z"]}),
+        )
+    };
+    for (offset, eid) in [(0, "e1"), (1, "e1"), (2, "e2")] {
+        sink.stage(&event(offset, eid)).unwrap();
+    }
+    sink.flush(far()).unwrap();
+    for (offset, eid) in [(3, "e1"), (4, "e2"), (5, "e3")] {
+        sink.stage(&event(offset, eid)).unwrap();
+    }
+    sink.flush(far()).unwrap();
+    let rows = db.query(&format!("SELECT n, tags FROM {table}"));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 3);
+    assert_eq!(
+        rows[0].get::<_, Vec<String>>(1),
+        vec!["x".to_string(), "y z".to_string()]
+    );
+}
+
+#[test]
 fn a_table_without_a_unique_key_on_the_ids_is_refused_at_start() {
     let _serial = serial();
     let db = Db::connect();

@@ -1,12 +1,12 @@
-//! Staging: consumed records become JSON rows, waiting for the flush. Pure: no database and
-//! no async type here, so the mapping is unit-tested with plain values.
+//! Staging: consumed records become rows, waiting for the flush. Pure: no database and no
+//! async type here, so the mapping is unit-tested with plain values.
 //!
-//! Each row is a JSON object keyed by column name, plus three keys of onceflow's own: `$seq`
-//! (its position in the batch: the last one wins among unversioned rows of one id), `$mid` (the
-//! message's identity in the inbox) and `$del` (a deletion). PostgreSQL casts every value to its
-//! column's type (`json_to_recordset`), so the mapping needs no knowledge of the types.
-
-use std::ops::Range;
+//! A batch is kept by column: one array of text values per mapped column, plus the message's
+//! identity in the inbox (`mids`) and whether it is a deletion. The flush sends them as
+//! `text[]` parameters and PostgreSQL casts each value to its column's type (`unnest($n::text[])`
+//! then `::type`), so the mapping needs no knowledge of the types beyond which columns are
+//! arrays. A row's position in the arrays is its order in the batch (the last one wins among
+//! unversioned rows of one id).
 
 use serde_json::Value;
 
@@ -76,8 +76,8 @@ pub enum RecordError {
 pub struct Mapping {
     /// Column name and where its value comes from, in column order.
     columns: Vec<(String, Source)>,
-    /// `"column":` of each column, JSON-escaped once.
-    keys: Vec<String>,
+    /// Whether each column is of an array type: a JSON array becomes an array literal.
+    arrays: Vec<bool>,
     /// Columns that must not be null: ids and the version.
     required: Vec<usize>,
     delete_when: Option<Vec<String>>,
@@ -99,13 +99,9 @@ impl Mapping {
             })
             .map(|(i, _)| i)
             .collect();
-        let keys = columns
-            .iter()
-            .map(|(c, _)| format!("{}:", Value::String(c.clone())))
-            .collect();
         Mapping {
+            arrays: vec![false; columns.len()],
             columns,
-            keys,
             required,
             delete_when: config
                 .delete_when
@@ -113,6 +109,19 @@ impl Mapping {
                 .map(|p| p.split('.').map(str::to_string).collect()),
             event_id: config.event_id.clone(),
         }
+    }
+
+    /// Marks the columns whose type (`format_type`) is an array.
+    pub fn with_types(mut self, types: &[(String, String)]) -> Mapping {
+        for (i, (column, _)) in self.columns.iter().enumerate() {
+            self.arrays[i] = types.iter().any(|(c, t)| c == column && t.ends_with("[]"));
+        }
+        self
+    }
+
+    /// How many columns a row has.
+    pub fn width(&self) -> usize {
+        self.columns.len()
     }
 
     /// The message's identity in the inbox.
@@ -144,30 +153,45 @@ pub fn coordinates(origin: &Origin) -> String {
     format!("{}/{}/{}", origin.topic, origin.partition, origin.offset)
 }
 
-/// The rows waiting for the next flush.
-#[derive(Debug, Default)]
+/// The rows waiting for the next flush, by column.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Staged {
-    /// The rows (UTF-8 JSON), comma-separated, without the enclosing brackets.
-    json: Vec<u8>,
-    /// Where each row is in `json`.
-    rows: Vec<Range<usize>>,
+    /// Each row's message identity in the inbox.
+    pub mids: Vec<String>,
+    /// Whether each row is a deletion.
+    pub deleted: Vec<bool>,
+    /// The values of each mapped column, as text (`None` is NULL).
+    pub columns: Vec<Vec<Option<String>>>,
     /// The consumed record of each row.
     origins: Vec<Origin>,
 }
 
 impl Staged {
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.mids.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.mids.is_empty()
     }
 
     pub fn clear(&mut self) {
-        self.json.clear();
-        self.rows.clear();
+        self.mids.clear();
+        self.deleted.clear();
+        self.columns.iter_mut().for_each(Vec::clear);
         self.origins.clear();
+    }
+
+    /// Distinct messages in the batch (a consumed record may make several rows).
+    pub fn messages(&self) -> u64 {
+        let distinct: std::collections::HashSet<&str> =
+            self.mids.iter().map(String::as_str).collect();
+        distinct.len() as u64
+    }
+
+    /// The consumed record of row `i`.
+    pub fn origin(&self, i: usize) -> &Origin {
+        &self.origins[i]
     }
 
     /// Adds `record` as a row. Records without a value (Kafka tombstones, empty values)
@@ -202,75 +226,90 @@ impl Staged {
             .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)));
         let mid = mapping.message_id(record, &value)?;
 
-        if !self.rows.is_empty() {
-            self.json.push(b',');
+        if self.columns.len() != mapping.width() {
+            self.columns = vec![Vec::new(); mapping.width()];
         }
-        let start = self.json.len();
-        let out = &mut self.json;
-        out.extend_from_slice(format!("{{\"$seq\":{},\"$mid\":", self.rows.len()).as_bytes());
-        write_json(out, &Value::String(mid));
-        out.extend_from_slice(if deleted {
-            b",\"$del\":true"
-        } else {
-            b",\"$del\":false"
-        });
-        for (key, v) in mapping.keys.iter().zip(&values) {
-            out.push(b',');
-            out.extend_from_slice(key.as_bytes());
-            write_json(out, v);
+        for ((column, v), array) in self.columns.iter_mut().zip(values).zip(&mapping.arrays) {
+            column.push(to_text(v, *array));
         }
-        out.push(b'}');
-        self.rows.push(start..self.json.len());
+        self.mids.push(mid);
+        self.deleted.push(deleted);
         self.origins.push(record.origin.clone());
         Ok(true)
     }
 
-    /// The whole batch as a JSON array.
-    pub fn to_json(&self) -> String {
-        let mut s = Vec::with_capacity(self.json.len() + 2);
-        s.push(b'[');
-        s.extend_from_slice(&self.json);
-        s.push(b']');
-        utf8(s)
-    }
-
-    /// Row `i` alone as a JSON array, and its record.
-    pub fn row(&self, i: usize) -> (String, &Origin) {
-        let mut s = vec![b'['];
-        s.extend_from_slice(&self.json[self.rows[i].clone()]);
-        s.push(b']');
-        (utf8(s), &self.origins[i])
+    /// Row `i` alone, as a batch of one.
+    pub fn row(&self, i: usize) -> Staged {
+        Staged {
+            mids: vec![self.mids[i].clone()],
+            deleted: vec![self.deleted[i]],
+            columns: self.columns.iter().map(|c| vec![c[i].clone()]).collect(),
+            origins: vec![self.origins[i].clone()],
+        }
     }
 
     /// Drops the rows of one consumed record (a dead-lettered record, for instance), keeping
     /// the others in order.
     pub fn remove(&mut self, origin: &Origin) {
-        let mut kept = Staged::default();
-        for (i, o) in self.origins.iter().enumerate() {
-            if o != origin {
-                if !kept.rows.is_empty() {
-                    kept.json.push(b',');
-                }
-                let start = kept.json.len();
-                // `$seq` keeps its old value: only its order matters.
-                kept.json
-                    .extend_from_slice(&self.json[self.rows[i].clone()]);
-                kept.rows.push(start..kept.json.len());
-                kept.origins.push(o.clone());
-            }
+        let keep: Vec<bool> = self.origins.iter().map(|o| o != origin).collect();
+        let mut flags = keep.iter();
+        self.mids.retain(|_| *flags.next().unwrap_or(&true));
+        let mut flags = keep.iter();
+        self.deleted.retain(|_| *flags.next().unwrap_or(&true));
+        for column in &mut self.columns {
+            let mut flags = keep.iter();
+            column.retain(|_| *flags.next().unwrap_or(&true));
         }
-        *self = kept;
+        self.origins.retain(|o| o != origin);
     }
 }
 
-/// Appends `v` as JSON. Writing JSON values into memory cannot fail.
-fn write_json(out: &mut Vec<u8>, v: &Value) {
-    let _ = serde_json::to_writer(out, v);
+/// A JSON value as the text PostgreSQL reads into a column: strings as they are, numbers and
+/// booleans as written, objects (and arrays, unless the column is an array) as JSON, arrays
+/// into an array column as an array literal.
+fn to_text(v: Value, array_column: bool) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Array(items) if array_column => {
+            let mut out = String::new();
+            array_literal(&items, &mut out);
+            Some(out)
+        }
+        other => Some(other.to_string()),
+    }
 }
 
-/// The staged bytes are serde_json's output: always UTF-8.
-fn utf8(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+/// `{1,"a \"b\"",NULL,{2,3}}`: PostgreSQL's array input syntax.
+fn array_literal(items: &[Value], out: &mut String) {
+    out.push('{');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match item {
+            Value::Null => out.push_str("NULL"),
+            Value::Array(inner) => array_literal(inner, out),
+            Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Value::Number(n) => out.push_str(&n.to_string()),
+            Value::String(s) => quote_element(s, out),
+            Value::Object(_) => quote_element(&item.to_string(), out),
+        }
+    }
+    out.push('}');
+}
+
+fn quote_element(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -299,6 +338,7 @@ fn describe(source: &Source) -> String {
 mod tests {
     use super::*;
     use crate::topology::Topology;
+    use serde_json::json;
 
     fn config(extra: &str) -> PostgresOutput {
         let text = format!(
@@ -327,12 +367,17 @@ mod tests {
         }
     }
 
-    fn rows(staged: &Staged) -> Vec<Value> {
-        serde_json::from_str::<Vec<Value>>(&staged.to_json()).unwrap()
+    fn column(staged: &Staged, mapping: &Mapping, name: &str) -> Vec<Option<String>> {
+        let i = mapping.columns.iter().position(|(c, _)| c == name).unwrap();
+        staged.columns[i].clone()
+    }
+
+    fn some(s: &str) -> Option<String> {
+        Some(s.to_string())
     }
 
     #[test]
-    fn a_record_becomes_a_row_keyed_by_column() {
+    fn a_record_becomes_a_row_of_text_values() {
         let mapping = Mapping::new(&config(""));
         let mut staged = Staged::default();
         let added = staged
@@ -345,12 +390,31 @@ mod tests {
             )
             .unwrap();
         assert!(added);
+        assert_eq!(staged.mids, vec!["orders/2/41".to_string()]);
+        assert_eq!(staged.deleted, vec![false]);
+        for (name, value) in [
+            ("id", "5"),
+            ("v", "3"),
+            ("name", "Ann"),
+            ("first", "a"),
+            ("k", "k1"),
+            ("p", "2"),
+            ("o", "41"),
+        ] {
+            assert_eq!(column(&staged, &mapping, name), vec![some(value)], "{name}");
+        }
+    }
+
+    #[test]
+    fn values_become_the_text_postgres_reads() {
+        assert_eq!(to_text(Value::Null, false), None);
+        assert_eq!(to_text(json!(true), false), some("true"));
+        assert_eq!(to_text(json!(12.5), false), some("12.5"));
+        assert_eq!(to_text(json!({"a": [1]}), false), some(r#"{"a":[1]}"#));
+        assert_eq!(to_text(json!([1, 2]), false), some("[1,2]"));
         assert_eq!(
-            rows(&staged),
-            vec![serde_json::json!({
-                "$seq": 0, "$mid": "orders/2/41", "$del": false,
-                "id": 5, "v": 3, "name": "Ann", "first": "a", "k": "k1", "p": 2, "o": 41
-            })]
+            to_text(json!([1, null, [2, 3], "x \"y\" \\", true]), true),
+            some(r#"{1,NULL,{2,3},"x \"y\" \\",true}"#)
         );
     }
 
@@ -361,7 +425,7 @@ mod tests {
         staged
             .add(&mapping, &record(r#"{"id": 5, "meta": {"v": 1}}"#, 1))
             .unwrap();
-        assert_eq!(rows(&staged)[0]["name"], Value::Null);
+        assert_eq!(column(&staged, &mapping, "name"), vec![None]);
         assert_eq!(
             staged.add(&mapping, &record(r#"{"meta": {"v": 1}}"#, 2)),
             Err(RecordError::Missing {
@@ -412,11 +476,7 @@ mod tests {
         staged
             .add(&mapping, &record(r#"{"id": 1, "meta": {"v": 9}}"#, 9))
             .unwrap();
-        let deleted: Vec<bool> = rows(&staged)
-            .iter()
-            .map(|r| r["$del"].as_bool().unwrap())
-            .collect();
-        assert_eq!(deleted, vec![true, false, false, true, false]);
+        assert_eq!(staged.deleted, vec![true, false, false, true, false]);
     }
 
     #[test]
@@ -437,8 +497,7 @@ mod tests {
             staged.add(&by_field, &record(r#"{"id": 1, "meta": {"v": 1}}"#, 3)),
             Err(RecordError::NoEventId("field `meta.eid`".into()))
         );
-        let mids: Vec<Value> = rows(&staged).iter().map(|r| r["$mid"].clone()).collect();
-        assert_eq!(mids, vec![Value::from("e-7"), Value::from("77")]);
+        assert_eq!(staged.mids, vec!["e-7".to_string(), "77".to_string()]);
     }
 
     #[test]
@@ -449,16 +508,38 @@ mod tests {
             let v = format!(r#"{{"id": {offset}, "meta": {{"v": 1}}}}"#);
             staged.add(&mapping, &record(&v, offset)).unwrap();
         }
-        let (one, origin) = staged.row(1);
-        assert_eq!(origin.offset, 1);
-        assert_eq!(
-            serde_json::from_str::<Vec<Value>>(&one).unwrap()[0]["id"],
-            1
-        );
-        let removed = staged.origins[1].clone();
+        let one = staged.row(1);
+        assert_eq!(one.origin(0).offset, 1);
+        assert_eq!(column(&one, &mapping, "id"), vec![some("1")]);
+        let removed = staged.origin(1).clone();
         staged.remove(&removed);
-        let ids: Vec<Value> = rows(&staged).iter().map(|r| r["id"].clone()).collect();
-        assert_eq!(ids, vec![Value::from(0), Value::from(2)]);
-        assert_eq!(staged.row(1).1.offset, 2);
+        assert_eq!(column(&staged, &mapping, "id"), vec![some("0"), some("2")]);
+        assert_eq!(
+            staged.mids,
+            vec!["orders/2/0".to_string(), "orders/2/2".to_string()]
+        );
+        assert_eq!(staged.origin(1).offset, 2);
+    }
+
+    #[test]
+    fn array_columns_take_array_literals() {
+        let types = vec![("first".to_string(), "text[]".to_string())];
+        let text = "name: t\ninputs: [{topic: in}]\noutputs:\n  - name: db\n    postgres:\n      url_env: U\n      table: orders\n      id_columns: [id]\n      columns: {id: id, first: tags}\n";
+        let config = Topology::parse(text, "t.yaml")
+            .unwrap()
+            .postgres_outputs()
+            .next()
+            .unwrap()
+            .1
+            .clone();
+        let mapping = Mapping::new(&config).with_types(&types);
+        let mut staged = Staged::default();
+        staged
+            .add(&mapping, &record(r#"{"id": 1, "tags": ["a", "b c"]}"#, 1))
+            .unwrap();
+        assert_eq!(
+            column(&staged, &mapping, "first"),
+            vec![some(r#"{"a","b c"}"#)]
+        );
     }
 }

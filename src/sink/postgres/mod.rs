@@ -169,15 +169,32 @@ impl PostgresSink {
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
             let markers = config.delete_when.is_some() && config.version_column.is_some();
-            client
-                .batch_execute(&format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
-                    sql::create_tables(&config.inbox_table, markers)
-                ))
-                .await?;
+            // Create only what is missing: a user without the right to create tables can
+            // run on tables made for it beforehand.
+            let mut needed = vec![config.inbox_table.clone()];
+            if markers {
+                needed.push(sql::tombstones_table(&config.inbox_table));
+            }
+            let mut missing = false;
+            for table in &needed {
+                let found: bool = client
+                    .query_one(sql::TABLE_EXISTS, &[&sql::qualified(table)])
+                    .await?
+                    .get(0);
+                missing |= !found;
+            }
+            if missing {
+                client
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
+                        sql::create_tables(&config.inbox_table, markers)
+                    ))
+                    .await?;
+            }
             Ok::<_, PostgresError>((target, types))
         })?;
         self.apply_sql = sql::apply_batch(&self.config, &target, &types);
+        self.mapping = Mapping::new(&self.config).with_types(&types);
         self.target = target;
         self.connection()?;
         Ok(())
@@ -256,10 +273,9 @@ impl PostgresSink {
             return Ok(false);
         }
         let started = Instant::now();
-        let rows = self.staged.to_json();
         let mut backoff = Backoff::default();
         let applied = loop {
-            match self.apply(&rows, deadline) {
+            match self.apply(deadline) {
                 Ok(applied) => break applied,
                 Err(e) => match e.kind() {
                     SinkErrorKind::Transient => {
@@ -292,24 +308,32 @@ impl PostgresSink {
 
     /// One attempt at the batch: begin, apply, commit. A broken or silent connection is
     /// dropped (an unknown commit outcome is fine: a retry is absorbed by the inbox).
-    fn apply(&mut self, rows: &String, deadline: Instant) -> Result<Applied, PostgresError> {
+    fn apply(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
         let limit = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_secs(1));
-        let params = (self.consumer.clone(), self.target.clone());
         let result = self.connection().and_then(|()| {
-            let PostgresSink { runtime, conn, .. } = &mut *self;
+            let PostgresSink {
+                runtime,
+                conn,
+                staged,
+                consumer,
+                target,
+                ..
+            } = &mut *self;
             let Conn { client, apply, .. } = conn.as_mut().expect("connected above");
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
                     let tx = client.transaction().await?;
-                    let row = tx.query_one(&*apply, &args(apply, rows, &params)).await?;
+                    let row = tx
+                        .query_one(&*apply, &args(apply, staged, consumer, target))
+                        .await?;
                     tx.commit().await?;
                     Ok(Applied {
-                        messages: count(&row, 0),
-                        fresh: count(&row, 1),
-                        upserted: count(&row, 2),
-                        deleted: count(&row, 3),
+                        messages: staged.messages(),
+                        fresh: count(&row, 0),
+                        upserted: count(&row, 1),
+                        deleted: count(&row, 2),
                     })
                 })
                 .await
@@ -328,22 +352,26 @@ impl PostgresSink {
     fn isolate(&mut self, cause: PostgresError) -> SinkError {
         let limit = Duration::from_secs(120);
         let n = self.staged.len();
-        let params = (self.consumer.clone(), self.target.clone());
-        let found = self.connection().and_then(|_| {
+        let found = self.connection().and_then(|()| {
             let PostgresSink {
                 runtime,
                 conn,
                 staged,
+                consumer,
+                target,
                 ..
-            } = self;
+            } = &mut *self;
             let Conn { client, apply, .. } = conn.as_mut().expect("connected above");
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
                     let mut tx = client.transaction().await?;
                     for i in 0..n {
-                        let (row, _) = staged.row(i);
+                        let row = staged.row(i);
                         let sp = tx.savepoint("onceflow_row").await?;
-                        match sp.query_one(&*apply, &args(apply, &row, &params)).await {
+                        match sp
+                            .query_one(&*apply, &args(apply, &row, consumer, target))
+                            .await
+                        {
                             Ok(_) => sp.commit().await?,
                             Err(e) => {
                                 let e = PostgresError::Db(e);
@@ -365,7 +393,7 @@ impl PostgresSink {
         });
         match found {
             Ok(Some((i, e))) => {
-                let origin = self.staged.row(i).1.clone();
+                let origin = self.staged.origin(i).clone();
                 SinkError::new(&self.output, Some(origin), e)
             }
             Ok(None) => SinkError::new(
@@ -397,8 +425,8 @@ impl PostgresSink {
         let inbox_sql = sql::cleanup_inbox(&self.config.inbox_table);
         let markers_sql = sql::cleanup_tombstones(&self.config.inbox_table);
         let (consumer, target) = (self.consumer.clone(), self.target.clone());
-        let result = self.connection().and_then(|_| {
-            let PostgresSink { runtime, conn, .. } = self;
+        let result = self.connection().and_then(|()| {
+            let PostgresSink { runtime, conn, .. } = &mut *self;
             let client = &conn.as_ref().expect("connected above").client;
             runtime.block_on(async {
                 tokio::time::timeout(Duration::from_secs(5), async {
@@ -461,15 +489,26 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The batch statement's parameters: rows, inbox consumer and, when it marks deletions, the
-/// target's name.
+/// The batch statement's parameters: message ids, deletion flags, one array per column, the
+/// inbox consumer and, when the statement marks deletions, the target's name.
 fn args<'a>(
     apply: &Statement,
-    rows: &'a String,
-    (consumer, target): &'a (String, String),
+    staged: &'a Staged,
+    consumer: &'a String,
+    target: &'a String,
 ) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
-    let all: [&'a (dyn tokio_postgres::types::ToSql + Sync); 3] = [rows, consumer, target];
-    all[..apply.params().len().min(3)].to_vec()
+    let mut args: Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> =
+        vec![&staged.mids, &staged.deleted];
+    args.extend(
+        staged
+            .columns
+            .iter()
+            .map(|c| c as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    args.push(consumer);
+    args.push(target);
+    args.truncate(apply.params().len());
+    args
 }
 
 fn count(row: &tokio_postgres::Row, i: usize) -> u64 {

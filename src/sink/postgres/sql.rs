@@ -3,7 +3,8 @@
 //!
 //! One statement applies a whole batch, inside one database transaction:
 //!
-//! 1. `batch`: the staged rows, typed by `json_to_recordset` with the table's own column types;
+//! 1. `batch`: the staged rows, sent by column as `text[]` parameters, unnested and cast to the
+//!    table's own column types (input functions, as a `COPY` would);
 //! 2. `fresh`: the batch's messages inserted into the inbox, `ON CONFLICT DO NOTHING
 //!    RETURNING`: the messages applied before (a replay after a crash) come back absent;
 //! 3. `latest`: of the fresh rows, one per id: the highest version (the last one in the
@@ -51,8 +52,8 @@ pub fn create_tables(inbox: &str, tombstones: bool) -> String {
     let inbox_base = base_name(inbox);
     let mut sql = format!(
         "CREATE TABLE IF NOT EXISTS {inbox_q} (\n\
-         \x20 consumer    text        NOT NULL,\n\
-         \x20 message_id  text        NOT NULL,\n\
+         \x20 consumer    text COLLATE \"C\" NOT NULL,\n\
+         \x20 message_id  text COLLATE \"C\" NOT NULL,\n\
          \x20 received_at timestamptz NOT NULL DEFAULT now(),\n\
          \x20 PRIMARY KEY (consumer, message_id)\n\
          );\n\
@@ -98,11 +99,16 @@ pub fn cleanup_tombstones(inbox: &str) -> String {
     )
 }
 
-/// The target's columns with their types (`format_type`), and whether they are generated.
-pub const TABLE_COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
+/// The target's columns with their types (`format_type` without modifiers: the insert itself
+/// applies them, refusing a value too long rather than truncating it as an explicit cast
+/// would), and whether they are generated.
+pub const TABLE_COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, NULL), \
      a.attgenerated <> '' FROM pg_attribute a \
      WHERE a.attrelid = to_regclass($1::text) AND a.attnum > 0 AND NOT a.attisdropped \
      ORDER BY a.attnum";
+
+/// Whether a table exists.
+pub const TABLE_EXISTS: &str = "SELECT to_regclass($1::text) IS NOT NULL";
 
 /// The target's schema and name, when it exists.
 pub const TABLE_NAME: &str = "SELECT n.nspname::text, c.relname::text FROM pg_class c \
@@ -114,11 +120,13 @@ pub const UNIQUE_KEYS: &str = "SELECT ARRAY(SELECT a.attname::text FROM unnest(i
      FROM pg_index i WHERE i.indrelid = to_regclass($1::text) AND i.indisunique \
      AND i.indpred IS NULL AND i.indexprs IS NULL";
 
-/// The statement that applies one batch. Parameters: `$1` the rows (JSON text), `$2` the
-/// inbox consumer, `$3` the target's name for deletion markers. Returns one row: messages
-/// in the batch, fresh messages, rows upserted, rows deleted.
+/// The statement that applies one batch. Parameters: `$1` the message ids (`text[]`), `$2`
+/// the deletion flags (`boolean[]`), then one `text[]` per mapped column in the order of
+/// `config.columns`, then the inbox consumer and, when deletions are versioned, the target's
+/// name for deletion markers. Returns one row: fresh messages (the others were applied
+/// before), rows upserted, rows deleted.
 ///
-/// `types` gives the type of every mapped column, in the order of `config.columns`.
+/// `types` gives the type of every mapped column.
 pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, String)]) -> String {
     let type_of = |column: &str| {
         types
@@ -132,35 +140,58 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
     let version = config.version_column.as_deref().map(ident);
     let deletes = config.delete_when.is_some();
     let markers = deletes && version.is_some();
+    let counters = !config.increment_columns.is_empty();
     let tombstones = qualified(&tombstones_table(&config.inbox_table));
     let id_key = |alias: &str| {
         let parts: Vec<String> = ids.iter().map(|c| format!("{alias}.{c}")).collect();
         format!("jsonb_build_array({})::text", parts.join(", "))
     };
     let columns: Vec<&String> = config.columns.keys().collect();
+    let consumer_param = format!("${}", 3 + columns.len());
+    let target_param = format!("${}", 4 + columns.len());
 
-    let mut record_def = vec![
-        "\"$seq\" integer".to_string(),
-        "\"$mid\" text".to_string(),
-        "\"$del\" boolean".to_string(),
+    let mut arrays = vec!["$1::text[]".to_string(), "$2::boolean[]".to_string()];
+    let mut names = vec!["\"$mid\"".to_string(), "\"$del\"".to_string()];
+    let mut typed = vec![
+        "r.\"$seq\"".to_string(),
+        "r.\"$mid\" COLLATE \"C\" AS \"$mid\"".to_string(),
+        "r.\"$del\"".to_string(),
     ];
-    record_def.extend(
-        columns
-            .iter()
-            .map(|c| format!("{} {}", ident(c), type_of(c))),
-    );
-
+    for (i, c) in columns.iter().enumerate() {
+        let q = ident(c);
+        arrays.push(format!("${}::text[]", 3 + i));
+        typed.push(format!("r.{q}::{} AS {q}", type_of(c)));
+        names.push(q);
+    }
+    names.push("\"$seq\"".to_string());
     let mut sql = format!(
-        "WITH batch AS (\n  SELECT * FROM json_to_recordset($1::text::json) AS r({})\n),\n",
-        record_def.join(", ")
+        "WITH batch AS (\n  SELECT {}\n  FROM unnest({}) WITH ORDINALITY AS r({})\n),\n",
+        typed.join(", "),
+        arrays.join(", "),
+        names.join(", "),
     );
     let _ = write!(
         sql,
         "fresh AS (\n  INSERT INTO {inbox} AS i (consumer, message_id)\n  \
-         SELECT DISTINCT $2::text, \"$mid\" FROM batch\n  \
+         SELECT {consumer_param}::text, \"$mid\" FROM batch\n  \
          ON CONFLICT (consumer, message_id) DO NOTHING\n  RETURNING i.message_id\n),\n",
         inbox = qualified(&config.inbox_table),
     );
+
+    // The fresh rows. Counters take each message once per id, even if it came twice in the
+    // batch (the same event id on two offsets).
+    let source = if counters {
+        let _ = write!(
+            sql,
+            "once AS (\n  SELECT DISTINCT ON (b.\"$mid\", {ids}) b.*\n  \
+             FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"\n  \
+             ORDER BY b.\"$mid\", {ids}, b.\"$seq\"\n),\n",
+            ids = prefixed("b", &ids),
+        );
+        "once b"
+    } else {
+        "batch b JOIN fresh f ON f.message_id = b.\"$mid\""
+    };
 
     // One row per id: the newest version, or the last in the batch; counters summed.
     let sums: String = config
@@ -184,8 +215,7 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
     };
     let _ = write!(
         sql,
-        "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  \
-         FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"\n  ORDER BY {order}\n)",
+        "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  FROM {source}\n  ORDER BY {order}\n)",
         on = prefixed("b", &ids),
     );
 
@@ -207,7 +237,7 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
         let _ = write!(
             sql,
             ",\nmarked AS (\n  INSERT INTO {tombstones} AS d (target, id_key, version)\n  \
-             SELECT $3::text, {key}, l.{v}::text FROM latest l WHERE l.\"$del\"\n  \
+             SELECT {target_param}::text, {key}, l.{v}::text FROM latest l WHERE l.\"$del\"\n  \
              ON CONFLICT (target, id_key) DO UPDATE SET version = EXCLUDED.version, deleted_at = now()\n  \
              WHERE d.version::{vtype} < EXCLUDED.version::{vtype}\n  RETURNING 1\n)",
             key = id_key("l"),
@@ -233,7 +263,7 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
     if let (true, Some(v)) = (markers, &version) {
         let vtype = type_of(config.version_column.as_deref().unwrap_or(""));
         filters.push(format!(
-            "NOT EXISTS (SELECT 1 FROM {tombstones} d WHERE d.target = $3::text \
+            "NOT EXISTS (SELECT 1 FROM {tombstones} d WHERE d.target = {target_param}::text \
              AND d.id_key = {key} AND d.version::{vtype} >= l.{v})",
             key = id_key("l"),
         ));
@@ -273,8 +303,7 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
     );
     let _ = write!(
         sql,
-        "SELECT (SELECT count(DISTINCT \"$mid\") FROM batch), (SELECT count(*) FROM fresh), \
-         (SELECT count(*) FROM upserted), {}",
+        "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM upserted), {}",
         if deletes {
             "(SELECT count(*) FROM deleted)"
         } else {
@@ -338,16 +367,19 @@ mod tests {
             &types(),
         );
         for part in [
-            "json_to_recordset($1::text::json) AS r(\"$seq\" integer, \"$mid\" text, \"$del\" boolean, \"id\" bigint, \"n\" integer, \"name\" text, \"v\" bigint)",
+            "SELECT r.\"$seq\", r.\"$mid\" COLLATE \"C\" AS \"$mid\", r.\"$del\", r.\"id\"::bigint AS \"id\", r.\"n\"::integer AS \"n\", r.\"name\"::text AS \"name\", r.\"v\"::bigint AS \"v\"",
+            "FROM unnest($1::text[], $2::boolean[], $3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS r(\"$mid\", \"$del\", \"id\", \"n\", \"name\", \"v\", \"$seq\")",
+            "SELECT $7::text, \"$mid\" FROM batch",
             "INSERT INTO \"onceflow_inbox\" AS i (consumer, message_id)",
             "ON CONFLICT (consumer, message_id) DO NOTHING",
-            "SELECT DISTINCT ON (b.\"id\") b.*",
+            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"",
             "ORDER BY b.\"id\", b.\"v\" DESC NULLS LAST, b.\"$seq\" DESC",
             "DELETE FROM \"sales\".\"orders\" AS t USING latest l",
             "WHERE l.\"$del\" AND t.\"id\" = l.\"id\" AND t.\"v\" < l.\"v\"",
             "INSERT INTO \"onceflow_tombstones\" AS d (target, id_key, version)",
             "WHERE d.version::bigint < EXCLUDED.version::bigint",
-            "WHERE NOT l.\"$del\" AND NOT EXISTS (SELECT 1 FROM \"onceflow_tombstones\" d WHERE d.target = $3::text AND d.id_key = jsonb_build_array(l.\"id\")::text AND d.version::bigint >= l.\"v\")",
+            "SELECT $8::text, jsonb_build_array(l.\"id\")::text, l.\"v\"::text FROM latest l WHERE l.\"$del\"",
+            "WHERE NOT l.\"$del\" AND NOT EXISTS (SELECT 1 FROM \"onceflow_tombstones\" d WHERE d.target = $8::text AND d.id_key = jsonb_build_array(l.\"id\")::text AND d.version::bigint >= l.\"v\")",
             "ON CONFLICT (\"id\") DO UPDATE SET \"n\" = EXCLUDED.\"n\", \"name\" = EXCLUDED.\"name\", \"v\" = EXCLUDED.\"v\"",
             "WHERE t.\"v\" < EXCLUDED.\"v\"",
             "(SELECT count(*) FROM deleted)",
@@ -378,6 +410,13 @@ mod tests {
             "{sql}"
         );
         assert!(sql.contains("l.\"$sum_n\"::integer"), "{sql}");
+        assert!(
+            sql.contains(
+                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b JOIN fresh f"
+            ),
+            "each message counts once per id: {sql}"
+        );
+        assert!(sql.contains("FROM once b"), "{sql}");
         assert!(
             sql.contains("\"n\" = coalesce(t.\"n\", 0) + coalesce(EXCLUDED.\"n\", 0)"),
             "{sql}"
@@ -410,6 +449,10 @@ mod tests {
     fn ddl_creates_inbox_and_tombstones_if_missing() {
         let sql = create_tables("ops.inbox", true);
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"inbox\""));
+        assert!(
+            sql.contains("message_id  text COLLATE \"C\" NOT NULL"),
+            "{sql}"
+        );
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"inbox_received_at\""));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"onceflow_tombstones\""));
         assert!(!create_tables("inbox", false).contains("tombstones"));
