@@ -10,6 +10,9 @@
 //!   the only caller of the transactional API; [`engine::classify`] is the one decision of
 //!   what an error means (retry, abort and rewind, or fatal); [`engine::offsets`] holds the
 //!   offset arithmetic (commit last processed + 1).
+//! * [`sink`]: outputs outside Kafka, which cannot join its transactions and are made
+//!   idempotent instead: [`sink::postgres`] upserts by id through an inbox table, committed
+//!   right before the Kafka transaction.
 //! * [`embedded`]: an in-process cluster for a first run with nothing installed. It does not
 //!   enforce transactions and proves nothing about exactly-once.
 //! * [`telemetry`]: every log line about the job's life, from one place.
@@ -27,6 +30,7 @@
 pub mod dlq;
 pub mod embedded;
 pub mod engine;
+pub mod sink;
 pub mod telemetry;
 pub mod testing;
 pub mod topology;

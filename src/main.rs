@@ -429,7 +429,11 @@ fn run_embedded(
     for topic in topology.input_topics() {
         cluster.create_topic(topic, 3)?;
     }
-    for topic in topology.output_topics() {
+    for topic in topology
+        .output_topics()
+        .into_iter()
+        .filter(|t| !t.is_empty())
+    {
         cluster.create_topic(topic, 3)?;
     }
     for topic in topology.input_topics() {

@@ -40,6 +40,7 @@ pub enum AbortReason {
     TransformFailed,
     Stopping,
     Failpoint,
+    SinkFailed,
 }
 
 impl AbortReason {
@@ -53,6 +54,7 @@ impl AbortReason {
             AbortReason::TransformFailed => "transform_failed",
             AbortReason::Stopping => "stopping_on_error",
             AbortReason::Failpoint => "failpoint",
+            AbortReason::SinkFailed => "sink_failed",
         }
     }
 }
@@ -235,4 +237,76 @@ pub fn client_statistics(client: &'static str, stats: &Statistics) {
                 .set(lag as f64);
         }
     }
+}
+
+// --- Sinks (PostgreSQL outputs) ---------------------------------------------------------------
+
+pub fn postgres_connected(output: &str, table: &str, inbox: &str) {
+    info!(output, table, inbox, "postgres output ready");
+}
+
+pub fn sink_retry(output: &str, stage: &'static str, attempt: u32, error: &dyn std::fmt::Display) {
+    counter!(m::RETRIES, "stage" => stage).increment(1);
+    warn!(output, stage, attempt, %error, "transient database error; retrying after a backoff");
+}
+
+/// A batch committed in the database. Messages the inbox had seen before were absorbed: their
+/// effect was already there (a replay after a crash or an aborted Kafka transaction).
+pub fn postgres_batch_committed(
+    output: &str,
+    rows: u64,
+    applied: crate::sink::postgres::Applied,
+    took: Duration,
+) {
+    inbox_duplicates_absorbed(output, applied.messages.saturating_sub(applied.fresh));
+    debug!(
+        output,
+        rows,
+        messages = applied.messages,
+        fresh = applied.fresh,
+        upserted = applied.upserted,
+        deleted = applied.deleted,
+        took_ms = took.as_secs_f64() * 1e3,
+        "database batch committed"
+    );
+}
+
+pub fn inbox_duplicates_absorbed(output: &str, count: u64) {
+    if count > 0 {
+        counter!(m::INBOX_DUPLICATES, "output" => output.to_string()).increment(count);
+        info!(
+            output,
+            count, "messages applied before were absorbed by the inbox"
+        );
+    }
+}
+
+pub fn sink_record_skipped(output: &str, origin: &crate::transform::Origin) {
+    debug!(
+        output,
+        topic = %origin.topic,
+        partition = origin.partition,
+        offset = origin.offset,
+        "record without a value: nothing to write"
+    );
+}
+
+pub fn inbox_cleaned(output: &str, inbox_rows: u64, tombstones: u64) {
+    if inbox_rows + tombstones > 0 {
+        info!(
+            output,
+            inbox_rows, tombstones, "expired inbox rows and deletion markers removed"
+        );
+    }
+}
+
+pub fn inbox_cleanup_failed(output: &str, error: &dyn std::fmt::Display) {
+    warn!(output, %error, "removing expired inbox rows failed; trying again later");
+}
+
+pub fn failpoint_exit_after_db_commit(commits: u64) {
+    error!(
+        commits,
+        "failpoint: aborting the process after a database commit, before the Kafka commit"
+    );
 }

@@ -246,7 +246,7 @@ fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport
             let mut diff = format!(
                 "output `{}` ({}): expected {} record(s), got {}\n",
                 output.name(),
-                output.topic,
+                output.topic.as_deref().unwrap_or("postgres"),
                 expected.len(),
                 actual.len()
             );

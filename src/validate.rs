@@ -214,10 +214,13 @@ pub fn check_broker(
         }
     }
     for (i, output) in topology.outputs.iter().enumerate() {
-        if !exists(&output.topic) {
+        let Some(topic) = &output.topic else {
+            continue;
+        };
+        if !exists(topic) {
             out.push(diag(
                 &format!("outputs[{i}].topic"),
-                format!("topic `{}` does not exist on {bootstrap}", output.topic),
+                format!("topic `{topic}` does not exist on {bootstrap}"),
             ));
         }
     }

@@ -50,6 +50,8 @@ pub enum EngineError {
         offset: i64,
         message: String,
     },
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
 }
 
 /// How a run ends besides a shutdown signal.
@@ -299,11 +301,10 @@ pub fn run(
         producer_config.set("statistics.interval.ms", &ms);
         consumer_config.set("statistics.interval.ms", &ms);
     }
-    let txn = Arc::new(Mutex::new(Txn::new(
-        producer_config,
-        settings,
-        Arc::clone(&health),
-    )?));
+    let sinks = crate::sink::Sinks::from_topology(topology)?;
+    let txn = Arc::new(Mutex::new(
+        Txn::new(producer_config, settings, Arc::clone(&health))?.with_sinks(sinks),
+    ));
     let context = EngineContext {
         txn: Arc::clone(&txn),
         failure: Mutex::new(None),
@@ -461,12 +462,24 @@ pub fn run(
                 if handled {
                     // Dead-lettered, or to come again after a rewind.
                 } else {
+                    if txn.has_sinks() {
+                        if let Err(e) = txn.stage(&produced) {
+                            // A record no sink can take stops the job, committing nothing
+                            // of its batch: its offset is never committed.
+                            let _ = txn.abort_and_rewind(
+                                &consumer,
+                                AbortReason::SinkFailed,
+                                &e.to_string(),
+                            );
+                            break Err(e.into());
+                        }
+                    }
                     outputs.clear();
-                    outputs.extend(
-                        produced
-                            .drain(..)
-                            .map(|(index, r)| (topics.get(index).copied().unwrap_or_default(), r)),
-                    );
+                    // Outputs without a topic are sinks, staged above.
+                    outputs.extend(produced.drain(..).filter_map(|(index, r)| {
+                        let topic = topics.get(index).copied().unwrap_or_default();
+                        (!topic.is_empty()).then_some((topic, r))
+                    }));
                     match txn.add(&consumer, &record, &outputs) {
                         Ok(Added::Yes | Added::Aborted) => {}
                         Err(e) => break Err(e),

@@ -20,6 +20,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use super::EngineError;
 use super::classify::{TxnAction, classify, traits_of};
 use super::offsets::TxnOffsets;
+use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::TopicCounts;
 use crate::telemetry::{self, AbortReason};
@@ -135,6 +136,10 @@ pub struct Txn {
     filtered: u64,
     health: Arc<Health>,
     span: tracing::Span,
+    /// Outputs outside Kafka (PostgreSQL), flushed right before the Kafka commit.
+    sinks: Sinks,
+    /// Whether the sinks took something of the record being added.
+    staged: bool,
 }
 
 impl Txn {
@@ -164,7 +169,34 @@ impl Txn {
             filtered: 0,
             health,
             span: tracing::Span::none(),
+            sinks: Sinks::default(),
+            staged: false,
         })
+    }
+
+    /// Gives the transaction outputs outside Kafka: they commit right before it does.
+    pub fn with_sinks(mut self, sinks: Sinks) -> Txn {
+        self.sinks = sinks;
+        self
+    }
+
+    pub fn has_sinks(&self) -> bool {
+        !self.sinks.is_empty()
+    }
+
+    /// Stages what the pipeline made of a consumed record in the sinks; call it right before
+    /// [`Txn::add`] of the same record. An error names a record no sink can take.
+    pub fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), SinkError> {
+        self.sinks.stage(produced)?;
+        self.staged = !produced.is_empty();
+        Ok(())
+    }
+
+    /// Commits the sinks' batches, retrying transient errors while the transaction has time
+    /// (a fifth of its timeout is kept for the Kafka commit).
+    fn flush_sinks(&mut self) -> Result<(), SinkError> {
+        let deadline = self.opened_at + self.settings.operation_timeout.mul_f64(0.8);
+        self.sinks.flush(deadline)
     }
 
     pub fn stats(&self) -> TxnStats {
@@ -193,7 +225,8 @@ impl Txn {
         self.open
             && (self.records >= self.settings.max_records
                 || self.bytes >= self.settings.max_bytes
-                || now >= self.opened_at + self.settings.commit_interval)
+                || now >= self.opened_at + self.settings.commit_interval
+                || self.sinks.is_full())
     }
 
     /// Serves delivery reports. Call it regularly.
@@ -231,7 +264,7 @@ impl Txn {
         self.offsets
             .record(&origin.topic, origin.partition, origin.offset);
         self.consumed.add(&origin.topic, payload_len(source));
-        if outputs.is_empty() {
+        if outputs.is_empty() && !std::mem::take(&mut self.staged) {
             self.filtered += 1;
         }
         self.records += 1;
@@ -296,6 +329,15 @@ impl Txn {
             return Ok(Committed::Aborted);
         }
         let started = Instant::now();
+        // Outputs outside Kafka commit first: a crash before the Kafka commit replays the
+        // batch, and they absorb the replay.
+        if let Err(e) = self.flush_sinks() {
+            self.abort_and_rewind(consumer, AbortReason::SinkFailed, &e.to_string())?;
+            return match e.kind {
+                SinkErrorKind::Transient => Ok(Committed::Aborted),
+                SinkErrorKind::Permanent | SinkErrorKind::Fatal => Err(EngineError::Sink(e)),
+            };
+        }
         match self.try_commit(consumer) {
             Ok(()) => {
                 self.stats.committed += 1;
@@ -509,6 +551,8 @@ impl Txn {
     }
 
     fn reset(&mut self) {
+        self.sinks.discard();
+        self.staged = false;
         self.consumed.discard();
         self.produced.discard();
         self.filtered = 0;

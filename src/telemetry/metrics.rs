@@ -32,6 +32,7 @@ pub const CONSUMER_ERRORS: &str = "onceflow_consumer_errors_total";
 pub const BROKER_RTT: &str = "onceflow_kafka_broker_rtt_seconds";
 pub const BROKER_UP: &str = "onceflow_kafka_broker_up";
 pub const CLIENT_QUEUE_MESSAGES: &str = "onceflow_kafka_client_queue_messages";
+pub const INBOX_DUPLICATES: &str = "onceflow_inbox_duplicates_absorbed_total";
 
 /// Every metric with its help text, for `/metrics` and the README.
 pub const CATALOGUE: &[(&str, &str)] = &[
@@ -103,6 +104,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         CLIENT_QUEUE_MESSAGES,
         "Messages waiting in librdkafka's queues, by client.",
+    ),
+    (
+        INBOX_DUPLICATES,
+        "Messages a PostgreSQL output had applied before, absorbed by its inbox, by output.",
     ),
 ];
 

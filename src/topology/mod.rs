@@ -22,6 +22,9 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 
+pub mod postgres;
+pub use postgres::PostgresOutput;
+
 /// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
 /// attempt to override them from a topology or a config file.
 pub const PROTECTED_CLIENT_SETTINGS: &[&str] = &[
@@ -50,7 +53,7 @@ pub struct Topology {
     /// Processors applied in order to every record.
     #[serde(default)]
     pub pipeline: Vec<Processor>,
-    /// Kafka topics the job writes to, inside its transactions.
+    /// Where the job writes: a Kafka topic (inside its transactions) and/or PostgreSQL tables.
     pub outputs: Vec<Output>,
     /// Transaction and commit settings.
     #[serde(default)]
@@ -105,15 +108,20 @@ impl Codec {
     }
 }
 
-/// A Kafka topic written inside the job's transactions.
+/// Where records go: exactly one of `topic` or `postgres`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Output {
     /// Name by which `route` refers to this output. Default: the topic name.
     #[serde(default)]
     pub name: Option<String>,
-    /// Topic name.
-    pub topic: String,
+    /// A Kafka topic written inside the job's transactions.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// A PostgreSQL table, upserted by id, once in effect (see [`PostgresOutput`]). A
+    /// `postgres` output needs a `name`: it keys the output's inbox.
+    #[serde(default)]
+    pub postgres: Option<PostgresOutput>,
     /// How values are written. Default: `json` when every input is JSON, `raw` otherwise.
     #[serde(default)]
     pub codec: Option<Codec>,
@@ -147,7 +155,10 @@ fn default_allow_unused() -> bool {
 impl Output {
     /// The name `route` uses for this output.
     pub fn name(&self) -> &str {
-        self.name.as_deref().unwrap_or(&self.topic)
+        self.name
+            .as_deref()
+            .or(self.topic.as_deref())
+            .unwrap_or_default()
     }
 }
 
@@ -391,14 +402,17 @@ impl Topology {
             }
         }
         if self.outputs.is_empty() {
-            issue("outputs".into(), "at least one output topic is needed");
+            issue("outputs".into(), "at least one output is needed");
         }
         let mut names = BTreeSet::new();
         for (i, output) in self.outputs.iter().enumerate() {
-            if output.topic.trim().is_empty() {
+            let Some(topic) = &output.topic else {
+                continue;
+            };
+            if topic.trim().is_empty() {
                 issue(format!("outputs[{i}].topic"), "must not be empty");
             }
-            if self.inputs.iter().any(|input| input.topic == output.topic) {
+            if self.inputs.iter().any(|input| &input.topic == topic) {
                 issue(
                     format!("outputs[{i}].topic"),
                     "must differ from every input topic (the job would consume its own output)",
@@ -412,6 +426,9 @@ impl Topology {
             }
         }
         self.validate_pipeline(&mut issue);
+        for i in self.validate_postgres_outputs() {
+            issue(i.path, &i.message);
+        }
         let rt = &self.runtime;
         if rt.commit_interval_ms == 0 {
             issue("runtime.commit_interval_ms".into(), "must be at least 1");
@@ -624,9 +641,13 @@ impl Topology {
             .unwrap_or_else(|| format!("onceflow.{}", self.name))
     }
 
-    /// The output topic names, in the order of `outputs` (the pipeline's output indexes).
+    /// The output topic names, in the order of `outputs` (the pipeline's output indexes);
+    /// empty for an output that is not a Kafka topic (`postgres`).
     pub fn output_topics(&self) -> Vec<&str> {
-        self.outputs.iter().map(|o| o.topic.as_str()).collect()
+        self.outputs
+            .iter()
+            .map(|o| o.topic.as_deref().unwrap_or_default())
+            .collect()
     }
 
     /// The input topic names.
@@ -641,6 +662,53 @@ const FIELD_PATH_RULE: &str =
 /// A dotted path into a JSON object: `a`, `a.b_c`, `customer.id`.
 pub fn is_field_path(path: &str) -> bool {
     !path.is_empty() && path.split('.').all(|s| !s.is_empty())
+}
+
+// --- PostgreSQL outputs -------------------------------------------------------------------
+
+impl Topology {
+    /// The `postgres` outputs with their names (validated: present and unique).
+    pub fn postgres_outputs(&self) -> impl Iterator<Item = (&str, &PostgresOutput)> {
+        self.outputs
+            .iter()
+            .filter_map(|o| Some((o.name.as_deref().unwrap_or(""), o.postgres.as_ref()?)))
+    }
+
+    /// Problems of the outputs' shapes and of every `postgres` section.
+    fn validate_postgres_outputs(&self) -> Vec<ConfigIssue> {
+        let mut issues = Vec::new();
+        for (i, output) in self.outputs.iter().enumerate() {
+            let at = format!("outputs[{i}]");
+            if output.topic.is_some() == output.postgres.is_some() {
+                issues.push(ConfigIssue {
+                    path: at.clone(),
+                    message: "needs exactly one of `topic` or `postgres`".into(),
+                });
+            }
+            let Some(pg) = &output.postgres else {
+                continue;
+            };
+            match output.name.as_deref() {
+                Some(name) if is_valid_name(name) => {
+                    if self.outputs[..i]
+                        .iter()
+                        .any(|o| o.name.as_deref() == Some(name))
+                    {
+                        issues.push(ConfigIssue {
+                            path: format!("{at}.name"),
+                            message: format!("`{name}` names another output too"),
+                        });
+                    }
+                }
+                _ => issues.push(ConfigIssue {
+                    path: format!("{at}.name"),
+                    message: "a postgres output needs a name of 1-100 characters of [A-Za-z0-9._-]; it keys the output's inbox, so keep it stable".into(),
+                }),
+            }
+            pg.validate(&format!("{at}.postgres"), &mut issues);
+        }
+        issues
+    }
 }
 
 fn is_valid_name(name: &str) -> bool {
@@ -738,5 +806,75 @@ mod tests {
         let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: a}]\n";
         let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
         assert!(err.contains("outputs[0].topic"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod postgres_tests {
+    use super::*;
+
+    const PG: &str = "name: t\ninputs: [{topic: in}]\noutputs:\n  - name: orders_db\n    postgres:\n      url_env: ORDERS_DB_URL\n      table: sales.orders\n      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: meta.version, name: customer.name, k: $key}\n      delete_when: deleted\n";
+
+    #[test]
+    fn a_postgres_output_gets_defaults() {
+        let t = Topology::parse(PG, "t.yaml").unwrap();
+        assert_eq!(t.output_topics(), vec![""]);
+        let (name, pg) = t.postgres_outputs().next().unwrap();
+        assert_eq!(name, "orders_db");
+        assert_eq!(pg.batch_size, 5_000);
+        assert_eq!(pg.inbox_table, "onceflow_inbox");
+        assert_eq!(pg.inbox_retention_hours, 168);
+        assert_eq!(pg.columns["version"], "meta.version");
+    }
+
+    #[test]
+    fn a_topic_and_a_postgres_output_go_together() {
+        let text = PG.replace(
+            "outputs:\n",
+            "pipeline:\n  - route: {routes: [{when: 'true', to: [out, orders_db]}], default: [out]}\noutputs:\n  - topic: out\n",
+        );
+        let t = Topology::parse(&text, "t.yaml").unwrap();
+        assert_eq!(t.output_topics(), vec!["out", ""]);
+        assert_eq!(t.postgres_outputs().count(), 1);
+    }
+
+    #[test]
+    fn every_postgres_problem_is_reported_with_its_path() {
+        let text = "name: t\ninputs: [{topic: in}]\noutputs:\n  - topic: a\n    postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}\n  - {}\n  - topic: b\n  - postgres:\n      url_env: 'no way'\n      table: 'a.b.c'\n      id_columns: [id, x, id]\n      version_column: v\n      columns: {id: id, n: $nope, $bad: x}\n      increment_columns: [n, id]\n      batch_size: 0\n      event_id: {field: ''}\n";
+        let Err(TopologyError::Invalid { issues, .. }) = Topology::parse(text, "t.yaml") else {
+            panic!("expected validation errors");
+        };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec![
+                "outputs",
+                "outputs[0]",
+                "outputs[0].name",
+                "outputs[1]",
+                "outputs[3].name",
+                "outputs[3].postgres.url_env",
+                "outputs[3].postgres.table",
+                "outputs[3].postgres.columns.$bad",
+                "outputs[3].postgres.columns.n",
+                "outputs[3].postgres.id_columns[1]",
+                "outputs[3].postgres.id_columns[2]",
+                "outputs[3].postgres.version_column",
+                "outputs[3].postgres.increment_columns[1]",
+                "outputs[3].postgres.increment_columns",
+                "outputs[3].postgres.event_id.field",
+                "outputs[3].postgres.batch_size",
+            ],
+            "{issues:#?}"
+        );
+    }
+
+    #[test]
+    fn postgres_output_names_must_be_unique() {
+        let text = format!(
+            "{PG}  - name: orders_db\n    postgres: {{url_env: U, table: t, id_columns: [id], columns: {{id: id}}}}\n"
+        );
+        let err = Topology::parse(&text, "t.yaml").unwrap_err().to_string();
+        assert!(err.contains("outputs[1].name"), "{err}");
     }
 }

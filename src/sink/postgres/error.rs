@@ -1,0 +1,171 @@
+//! What can go wrong in the PostgreSQL sink, and the one place that decides what each error
+//! means: retry (transient), the record's fault (permanent), or the job's setup (fatal).
+
+use std::time::Duration;
+
+use super::batch::RecordError;
+use crate::sink::SinkErrorKind;
+
+/// Why a PostgreSQL output failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresError {
+    #[error("environment variable `{0}` (named by url_env) is not set")]
+    MissingUrl(String),
+    #[error("the connection URL in `{var}` is invalid: {message}")]
+    BadUrl { var: String, message: String },
+    #[error("{0}")]
+    Schema(String),
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("{}", describe(.0))]
+    Db(#[from] tokio_postgres::Error),
+    #[error("no answer from the database within {0:?}")]
+    Timeout(Duration),
+    #[error("the batch fails as a whole but none of its records does alone: {0}")]
+    NotIsolated(Box<PostgresError>),
+}
+
+impl PostgresError {
+    /// Transient errors are retried with backoff; permanent ones are a record's fault (the
+    /// dead-letter topic's business); fatal ones stop the job (configuration, permissions,
+    /// schema).
+    pub fn kind(&self) -> SinkErrorKind {
+        match self {
+            PostgresError::Timeout(_) => SinkErrorKind::Transient,
+            PostgresError::Record(_) => SinkErrorKind::Permanent,
+            PostgresError::Db(e) => match e.code() {
+                Some(code) => kind_of_sqlstate(code.code()),
+                None if is_connection_error(e) => SinkErrorKind::Transient,
+                // A client-side error (parameters, types, configuration): a bug or a setup
+                // problem that no retry fixes.
+                None => SinkErrorKind::Fatal,
+            },
+            PostgresError::MissingUrl(_)
+            | PostgresError::BadUrl { .. }
+            | PostgresError::Schema(_)
+            | PostgresError::NotIsolated(_) => SinkErrorKind::Fatal,
+        }
+    }
+}
+
+/// Whether an error without SQLSTATE is about the connection: it broke, closed, could not be
+/// made, or the server did not answer.
+fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.is::<std::io::Error>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    let text = e.to_string();
+    [
+        "error connecting to server",
+        "error communicating with the server",
+        "timeout waiting for server",
+        "connection closed",
+        "unexpected message from server",
+    ]
+    .iter()
+    .any(|m| text.starts_with(m))
+}
+
+/// Classifies a SQLSTATE (PostgreSQL's appendix A).
+pub fn kind_of_sqlstate(code: &str) -> SinkErrorKind {
+    const TRANSIENT: &[&str] = &[
+        "08",    // connection exception
+        "40001", // serialization failure
+        "40P01", // deadlock detected
+        "53",    // insufficient resources (disk full, out of memory, too many connections)
+        "57P01", // admin shutdown (the server is stopping)
+        "57P02", // crash shutdown
+        "57P03", // cannot connect now (starting up, recovering)
+        "57014", // query canceled (statement timeout)
+        "55P03", // lock not available
+        "58",    // system error (I/O)
+    ];
+    const PERMANENT: &[&str] = &[
+        "22", // data exception: a value that does not fit its column
+        "23", // integrity constraint violation: not null, unique, check, foreign key
+    ];
+    if TRANSIENT.iter().any(|p| code.starts_with(p)) {
+        SinkErrorKind::Transient
+    } else if PERMANENT.iter().any(|p| code.starts_with(p)) {
+        SinkErrorKind::Permanent
+    } else {
+        SinkErrorKind::Fatal
+    }
+}
+
+/// A database error with its SQLSTATE, message, detail and hint; other errors with their
+/// causes (tokio-postgres says only "db error" or "error connecting to server" otherwise).
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(detail) = db.detail() {
+            s.push_str(&format!(" (detail: {detail})"));
+        }
+        if let Some(hint) = db.hint() {
+            s.push_str(&format!(" (hint: {hint})"));
+        }
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_classified_by_class_or_code() {
+        use SinkErrorKind::*;
+        for (code, kind) in [
+            ("08006", Transient),
+            ("08001", Transient),
+            ("40001", Transient),
+            ("40P01", Transient),
+            ("53100", Transient),
+            ("57P01", Transient),
+            ("57P03", Transient),
+            ("55P03", Transient),
+            ("23505", Permanent),
+            ("23514", Permanent),
+            ("23502", Permanent),
+            ("22P02", Permanent),
+            ("22003", Permanent),
+            ("42P01", Fatal),
+            ("42501", Fatal),
+            ("28P01", Fatal),
+            ("3D000", Fatal),
+            ("57000", Fatal),
+            ("XX000", Fatal),
+        ] {
+            assert_eq!(kind_of_sqlstate(code), kind, "{code}");
+        }
+    }
+
+    #[test]
+    fn record_faults_are_permanent_and_setup_faults_fatal() {
+        let record = PostgresError::Record(RecordError::NotAnObject("a number".into()));
+        assert_eq!(record.kind(), SinkErrorKind::Permanent);
+        assert_eq!(
+            PostgresError::Schema("no table".into()).kind(),
+            SinkErrorKind::Fatal
+        );
+        assert_eq!(
+            PostgresError::Timeout(Duration::from_secs(1)).kind(),
+            SinkErrorKind::Transient
+        );
+    }
+}

@@ -1,0 +1,567 @@
+//! The PostgreSQL sink: upsert by id, effect-once through an inbox table, with version
+//! arbitration.
+//!
+//! Records are staged as JSON rows ([`batch`]); a flush applies the whole batch with one
+//! statement ([`sql::apply_batch`]) in one database transaction: inbox insert (`ON CONFLICT DO
+//! NOTHING RETURNING`, so messages applied before are dropped), one row per id, deletions and
+//! upserts guarded by versions. The transaction owner flushes right before the Kafka
+//! transaction commits, so a crash in between replays a batch the inbox absorbs.
+//!
+//! The engine's loop is a blocking thread: the sink owns a small current-thread tokio runtime
+//! and calls `block_on` on it; nothing here ever runs on another executor's worker.
+
+pub mod batch;
+pub mod error;
+pub mod sql;
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::{Client, NoTls, Statement};
+
+pub use batch::RecordError;
+use batch::{Mapping, Staged};
+pub use error::PostgresError;
+
+use super::{Backoff, SinkError, SinkErrorKind};
+use crate::telemetry;
+use crate::topology::postgres::PostgresOutput;
+use crate::transform::{Origin, Record};
+
+/// How long the job keeps trying to reach the database when it starts.
+const STARTUP_RETRY: Duration = Duration::from_secs(30);
+/// Expired inbox rows are removed this many at a time.
+const CLEANUP_BATCH: i32 = 1000;
+
+/// What a committed batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Distinct messages in the batch.
+    pub messages: u64,
+    /// Messages the inbox had not seen: the others were applied before and are absorbed.
+    pub fresh: u64,
+    /// Rows inserted or updated (older versions are skipped).
+    pub upserted: u64,
+    /// Rows deleted.
+    pub deleted: u64,
+}
+
+/// An open connection with its prepared batch statement.
+struct Conn {
+    client: Client,
+    apply: Statement,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One `postgres` output of a job.
+pub struct PostgresSink {
+    output: String,
+    /// The inbox's consumer: `<topology>/<output>`.
+    consumer: String,
+    /// The target table, schema-qualified as found in the catalog.
+    target: String,
+    config: PostgresOutput,
+    pg: tokio_postgres::Config,
+    mapping: Mapping,
+    apply_sql: String,
+    staged: Staged,
+    runtime: tokio::runtime::Runtime,
+    conn: Option<Conn>,
+    next_cleanup: Instant,
+    cleaning: bool,
+}
+
+impl PostgresSink {
+    /// Connects with the URL from the environment variable named by `url_env`.
+    pub fn connect(
+        topology: &str,
+        output: &str,
+        config: &PostgresOutput,
+    ) -> Result<PostgresSink, SinkError> {
+        let url = std::env::var(&config.url_env).map_err(|_| {
+            SinkError::new(
+                output,
+                None,
+                PostgresError::MissingUrl(config.url_env.clone()),
+            )
+        })?;
+        Self::connect_url(topology, output, config, &url)
+    }
+
+    /// Connects to `url`, checks the target table, creates the inbox if missing and prepares
+    /// the batch statement. Retries for a while when the database is not reachable yet.
+    pub fn connect_url(
+        topology: &str,
+        output: &str,
+        config: &PostgresOutput,
+        url: &str,
+    ) -> Result<PostgresSink, SinkError> {
+        let fail = |cause| SinkError::new(output, None, cause);
+        let mut pg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            // The URL may hold a password: name the variable, not the value.
+            fail(PostgresError::BadUrl {
+                var: config.url_env.clone(),
+                message: e.to_string(),
+            })
+        })?;
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(5));
+        }
+        if pg.get_application_name().is_none() {
+            pg.application_name(format!("onceflow/{topology}/{output}"));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                fail(PostgresError::Schema(format!(
+                    "cannot start a runtime: {e}"
+                )))
+            })?;
+        let mut sink = PostgresSink {
+            output: output.to_string(),
+            consumer: format!("{topology}/{output}"),
+            target: config.table.clone(),
+            config: config.clone(),
+            pg,
+            mapping: Mapping::new(config),
+            apply_sql: String::new(),
+            staged: Staged::default(),
+            runtime,
+            conn: None,
+            next_cleanup: Instant::now(),
+            cleaning: false,
+        };
+        let deadline = Instant::now() + STARTUP_RETRY;
+        let mut backoff = Backoff::default();
+        loop {
+            match sink.prepare() {
+                Ok(()) => break,
+                Err(e) if e.kind() == SinkErrorKind::Transient => {
+                    let Some(delay) = backoff.next_delay(deadline) else {
+                        return Err(fail(e));
+                    };
+                    telemetry::sink_retry(output, "postgres_connect", backoff.attempt(), &e);
+                    std::thread::sleep(delay);
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        telemetry::postgres_connected(output, &sink.target, &sink.config.inbox_table);
+        Ok(sink)
+    }
+
+    /// Inspects the target table, creates the inbox and builds the batch statement.
+    fn prepare(&mut self) -> Result<(), PostgresError> {
+        let PostgresSink {
+            runtime,
+            pg,
+            config,
+            ..
+        } = self;
+        let (target, types) = runtime.block_on(async {
+            let (client, task) = open(pg).await?;
+            let _task = AbortOnDrop(Some(task));
+            let (target, types) = inspect(&client, config).await?;
+            let markers = config.delete_when.is_some() && config.version_column.is_some();
+            // Create only what is missing: a user without the right to create tables can
+            // run on tables made for it beforehand.
+            let mut needed = vec![config.inbox_table.clone()];
+            if markers {
+                needed.push(sql::tombstones_table(&config.inbox_table));
+            }
+            let mut missing = false;
+            for table in &needed {
+                let found: bool = client
+                    .query_one(sql::TABLE_EXISTS, &[&sql::qualified(table)])
+                    .await?
+                    .get(0);
+                missing |= !found;
+            }
+            if missing {
+                client
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
+                        sql::create_tables(&config.inbox_table, markers)
+                    ))
+                    .await?;
+            }
+            Ok::<_, PostgresError>((target, types))
+        })?;
+        self.apply_sql = sql::apply_batch(&self.config, &target, &types);
+        self.mapping = Mapping::new(&self.config).with_types(&types);
+        self.target = target;
+        self.connection()?;
+        Ok(())
+    }
+
+    /// Opens a connection (and prepares the batch statement) when there is none.
+    fn connection(&mut self) -> Result<(), PostgresError> {
+        if self.conn.as_ref().is_some_and(|c| c.client.is_closed()) {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            let PostgresSink {
+                runtime,
+                pg,
+                apply_sql,
+                ..
+            } = self;
+            let conn = runtime.block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), async {
+                    let (client, task) = open(pg).await?;
+                    let task = AbortOnDrop(Some(task));
+                    let apply = client.prepare(apply_sql).await?;
+                    Ok::<_, PostgresError>(Conn {
+                        client,
+                        apply,
+                        task: task.disarm(),
+                    })
+                })
+                .await
+                .unwrap_or(Err(PostgresError::Timeout(Duration::from_secs(10))))
+            })?;
+            self.conn = Some(conn);
+        }
+        Ok(())
+    }
+
+    /// Stages a record. A record without a value writes nothing; one that cannot become a
+    /// row is a permanent error naming it.
+    pub fn stage(&mut self, record: &Record) -> Result<(), SinkError> {
+        match self.staged.add(&self.mapping, record) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                telemetry::sink_record_skipped(&self.output, &record.origin);
+                Ok(())
+            }
+            Err(e) => Err(SinkError::new(
+                &self.output,
+                Some(record.origin.clone()),
+                e.into(),
+            )),
+        }
+    }
+
+    /// Rows waiting for the flush.
+    pub fn staged(&self) -> usize {
+        self.staged.len()
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.staged.len() >= self.config.batch_size
+    }
+
+    pub fn discard(&mut self) {
+        self.staged.clear();
+    }
+
+    pub fn discard_record(&mut self, origin: &Origin) {
+        self.staged.remove(origin);
+    }
+
+    /// Applies and commits the staged batch in one database transaction. Transient errors are
+    /// retried with backoff until `deadline`; a permanent one is traced to its record (row by
+    /// row, nothing committed). Returns whether a database transaction committed.
+    pub fn flush(&mut self, deadline: Instant) -> Result<bool, SinkError> {
+        if self.staged.is_empty() {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let mut backoff = Backoff::default();
+        let applied = loop {
+            match self.apply(deadline) {
+                Ok(applied) => break applied,
+                Err(e) => match e.kind() {
+                    SinkErrorKind::Transient => {
+                        let Some(delay) = backoff.next_delay(deadline) else {
+                            return Err(SinkError::new(&self.output, None, e));
+                        };
+                        telemetry::sink_retry(
+                            &self.output,
+                            "postgres_flush",
+                            backoff.attempt(),
+                            &e,
+                        );
+                        std::thread::sleep(delay);
+                    }
+                    SinkErrorKind::Permanent => return Err(self.isolate(e)),
+                    SinkErrorKind::Fatal => return Err(SinkError::new(&self.output, None, e)),
+                },
+            }
+        };
+        telemetry::postgres_batch_committed(
+            &self.output,
+            self.staged.len() as u64,
+            applied,
+            started.elapsed(),
+        );
+        self.staged.clear();
+        self.clean_inbox();
+        Ok(true)
+    }
+
+    /// One attempt at the batch: begin, apply, commit. A broken or silent connection is
+    /// dropped (an unknown commit outcome is fine: a retry is absorbed by the inbox).
+    fn apply(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1));
+        let result = self.connection().and_then(|()| {
+            let PostgresSink {
+                runtime,
+                conn,
+                staged,
+                consumer,
+                target,
+                ..
+            } = &mut *self;
+            let Conn { client, apply, .. } = conn.as_mut().expect("connected above");
+            runtime.block_on(async {
+                tokio::time::timeout(limit, async {
+                    let tx = client.transaction().await?;
+                    let row = tx
+                        .query_one(&*apply, &args(apply, staged, consumer, target))
+                        .await?;
+                    tx.commit().await?;
+                    Ok(Applied {
+                        messages: staged.messages(),
+                        fresh: count(&row, 0),
+                        upserted: count(&row, 1),
+                        deleted: count(&row, 2),
+                    })
+                })
+                .await
+                .unwrap_or(Err(PostgresError::Timeout(limit)))
+            })
+        });
+        if matches!(result, Err(PostgresError::Timeout(_))) {
+            self.conn = None;
+        }
+        result
+    }
+
+    /// Finds the record behind a permanent error: the rows are applied one by one, each in a
+    /// savepoint of a transaction that is rolled back in the end, so nothing of the batch
+    /// commits. The first row that fails alone with a permanent error is the culprit.
+    fn isolate(&mut self, cause: PostgresError) -> SinkError {
+        let limit = Duration::from_secs(120);
+        let n = self.staged.len();
+        let found = self.connection().and_then(|()| {
+            let PostgresSink {
+                runtime,
+                conn,
+                staged,
+                consumer,
+                target,
+                ..
+            } = &mut *self;
+            let Conn { client, apply, .. } = conn.as_mut().expect("connected above");
+            runtime.block_on(async {
+                tokio::time::timeout(limit, async {
+                    let mut tx = client.transaction().await?;
+                    for i in 0..n {
+                        let row = staged.row(i);
+                        let sp = tx.savepoint("onceflow_row").await?;
+                        match sp
+                            .query_one(&*apply, &args(apply, &row, consumer, target))
+                            .await
+                        {
+                            Ok(_) => sp.commit().await?,
+                            Err(e) => {
+                                let e = PostgresError::Db(e);
+                                if e.kind() != SinkErrorKind::Permanent {
+                                    return Err(e);
+                                }
+                                sp.rollback().await?;
+                                tx.rollback().await?;
+                                return Ok(Some((i, e)));
+                            }
+                        }
+                    }
+                    tx.rollback().await?;
+                    Ok(None)
+                })
+                .await
+                .unwrap_or(Err(PostgresError::Timeout(limit)))
+            })
+        });
+        match found {
+            Ok(Some((i, e))) => {
+                let origin = self.staged.origin(i).clone();
+                SinkError::new(&self.output, Some(origin), e)
+            }
+            Ok(None) => SinkError::new(
+                &self.output,
+                None,
+                PostgresError::NotIsolated(Box::new(cause)),
+            ),
+            Err(e) => {
+                self.conn = None;
+                SinkError::new(&self.output, None, e)
+            }
+        }
+    }
+
+    /// Removes expired inbox rows (and deletion markers), at most `CLEANUP_BATCH` of each per
+    /// flush, looking for them every `inbox_cleanup_interval_secs`. Failures are logged and
+    /// left for the next round: nothing depends on them.
+    fn clean_inbox(&mut self) {
+        let now = Instant::now();
+        if !self.cleaning && now >= self.next_cleanup {
+            self.cleaning = true;
+            self.next_cleanup = now + Duration::from_secs(self.config.inbox_cleanup_interval_secs);
+        }
+        if !self.cleaning {
+            return;
+        }
+        let hours = i32::try_from(self.config.inbox_retention_hours).unwrap_or(i32::MAX);
+        let markers = self.config.delete_when.is_some() && self.config.version_column.is_some();
+        let inbox_sql = sql::cleanup_inbox(&self.config.inbox_table);
+        let markers_sql = sql::cleanup_tombstones(&self.config.inbox_table);
+        let (consumer, target) = (self.consumer.clone(), self.target.clone());
+        let result = self.connection().and_then(|()| {
+            let PostgresSink { runtime, conn, .. } = &mut *self;
+            let client = &conn.as_ref().expect("connected above").client;
+            runtime.block_on(async {
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    let inbox = client
+                        .execute(&inbox_sql, &[&consumer, &hours, &CLEANUP_BATCH])
+                        .await?;
+                    let tombstones = if markers {
+                        client
+                            .execute(&markers_sql, &[&target, &hours, &CLEANUP_BATCH])
+                            .await?
+                    } else {
+                        0
+                    };
+                    Ok((inbox, tombstones))
+                })
+                .await
+                .unwrap_or(Err(PostgresError::Timeout(Duration::from_secs(5))))
+            })
+        });
+        match result {
+            Ok((inbox, tombstones)) => {
+                telemetry::inbox_cleaned(&self.output, inbox, tombstones);
+                let limit = CLEANUP_BATCH as u64;
+                self.cleaning = inbox >= limit || tombstones >= limit;
+            }
+            Err(e) => {
+                telemetry::inbox_cleanup_failed(&self.output, &e);
+                self.cleaning = false;
+            }
+        }
+    }
+}
+
+/// Connects and spawns the connection's task on the current runtime.
+async fn open(
+    pg: &tokio_postgres::Config,
+) -> Result<(Client, tokio::task::JoinHandle<()>), PostgresError> {
+    let (client, connection) = pg.connect(NoTls).await?;
+    let task = tokio::spawn(async move {
+        // Its errors surface on the client's next call.
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+/// Aborts a task unless disarmed: a connection task must not outlive its client.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) -> tokio::task::JoinHandle<()> {
+        self.0.take().expect("armed")
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The batch statement's parameters: message ids, deletion flags, one array per column, the
+/// inbox consumer and, when the statement marks deletions, the target's name.
+fn args<'a>(
+    apply: &Statement,
+    staged: &'a Staged,
+    consumer: &'a String,
+    target: &'a String,
+) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+    let mut args: Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> =
+        vec![&staged.mids, &staged.deleted];
+    args.extend(
+        staged
+            .columns
+            .iter()
+            .map(|c| c as &(dyn tokio_postgres::types::ToSql + Sync)),
+    );
+    args.push(consumer);
+    args.push(target);
+    args.truncate(apply.params().len());
+    args
+}
+
+fn count(row: &tokio_postgres::Row, i: usize) -> u64 {
+    row.try_get::<_, i64>(i).unwrap_or(0).max(0) as u64
+}
+
+/// Checks the target table against the configuration; returns its qualified name and the
+/// types of the mapped columns.
+async fn inspect(
+    client: &Client,
+    config: &PostgresOutput,
+) -> Result<(String, Vec<(String, String)>), PostgresError> {
+    let table = sql::qualified(&config.table);
+    let schema_error = |m: String| PostgresError::Schema(format!("table `{}`: {m}", config.table));
+    let Some(name) = client.query_opt(sql::TABLE_NAME, &[&table]).await? else {
+        return Err(schema_error(
+            "does not exist (onceflow never creates nor alters the tables it writes to)".into(),
+        ));
+    };
+    let target = format!("{}.{}", name.get::<_, String>(0), name.get::<_, String>(1));
+    let mut types = Vec::new();
+    let mut problems = Vec::new();
+    let columns = client.query(sql::TABLE_COLUMNS, &[&table]).await?;
+    for column in config.columns.keys() {
+        match columns.iter().find(|r| r.get::<_, String>(0) == *column) {
+            None => problems.push(format!("has no column `{column}`")),
+            Some(r) if r.get::<_, bool>(2) => problems.push(format!(
+                "column `{column}` is generated and cannot be written"
+            )),
+            Some(r) => types.push((column.clone(), r.get::<_, String>(1))),
+        }
+    }
+    let mut ids = config.id_columns.clone();
+    ids.sort();
+    let keys: Vec<Vec<String>> = client
+        .query(sql::UNIQUE_KEYS, &[&table])
+        .await?
+        .iter()
+        .map(|r| {
+            let mut k: Vec<String> = r.get(0);
+            k.sort();
+            k
+        })
+        .collect();
+    if !keys.contains(&ids) {
+        problems.push(format!(
+            "has no primary key or unique index on exactly ({}); the upsert needs one as its conflict target",
+            config.id_columns.join(", ")
+        ));
+    }
+    if problems.is_empty() {
+        Ok((target, types))
+    } else {
+        Err(schema_error(problems.join("; ")))
+    }
+}

@@ -1,0 +1,460 @@
+//! The SQL of the PostgreSQL sink, built once per output from its configuration and the
+//! target table's column types. Pure text: unit-tested without a database.
+//!
+//! One statement applies a whole batch, inside one database transaction:
+//!
+//! 1. `batch`: the staged rows, sent by column as `text[]` parameters, unnested and cast to the
+//!    table's own column types (input functions, as a `COPY` would);
+//! 2. `fresh`: the batch's messages inserted into the inbox, `ON CONFLICT DO NOTHING
+//!    RETURNING`: the messages applied before (a replay after a crash) come back absent;
+//! 3. `latest`: of the fresh rows, one per id: the highest version (the last one in the
+//!    batch when unversioned), compared by PostgreSQL in the version column's own type;
+//!    counters are summed over the batch instead;
+//! 4. `deleted`/`marked`: deletions, applied only over an older stored version, and
+//!    remembered with their version (`onceflow_tombstones`) so that an older upsert arriving
+//!    later does not bring the row back;
+//! 5. `upserted`: `INSERT ... ON CONFLICT (ids) DO UPDATE ... WHERE stored version <
+//!    incoming version`, skipping ids deleted at a newer or equal version.
+//!
+//! Every part sees the same snapshot, and each id appears once in `latest`, so no row is
+//! touched twice.
+
+use std::fmt::Write;
+
+use crate::topology::postgres::PostgresOutput;
+
+/// Quotes an identifier (`"a""b"`).
+pub fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a possibly schema-qualified name (`sales.orders` -> `"sales"."orders"`).
+pub fn qualified(name: &str) -> String {
+    name.split('.').map(ident).collect::<Vec<_>>().join(".")
+}
+
+/// The unqualified part of a name.
+fn base_name(name: &str) -> &str {
+    name.rsplit('.').next().unwrap_or(name)
+}
+
+/// The tombstones table: beside the inbox, in the same schema.
+pub fn tombstones_table(inbox: &str) -> String {
+    match inbox.rsplit_once('.') {
+        Some((schema, _)) => format!("{schema}.onceflow_tombstones"),
+        None => "onceflow_tombstones".to_string(),
+    }
+}
+
+/// Creates the inbox (and, when deletions are versioned, the tombstones table) if missing.
+/// Run under an advisory lock: two instances starting together must not race on DDL.
+pub fn create_tables(inbox: &str, tombstones: bool) -> String {
+    let inbox_base = base_name(inbox);
+    let mut sql = format!(
+        "CREATE TABLE IF NOT EXISTS {inbox_q} (\n\
+         \x20 consumer    text COLLATE \"C\" NOT NULL,\n\
+         \x20 message_id  text COLLATE \"C\" NOT NULL,\n\
+         \x20 received_at timestamptz NOT NULL DEFAULT now(),\n\
+         \x20 PRIMARY KEY (consumer, message_id)\n\
+         );\n\
+         CREATE INDEX IF NOT EXISTS {index} ON {inbox_q} (received_at);\n",
+        inbox_q = qualified(inbox),
+        index = ident(&format!("{inbox_base}_received_at")),
+    );
+    if tombstones {
+        let table = tombstones_table(inbox);
+        let _ = write!(
+            sql,
+            "CREATE TABLE IF NOT EXISTS {q} (\n\
+             \x20 target     text        NOT NULL,\n\
+             \x20 id_key     text        NOT NULL,\n\
+             \x20 version    text        NOT NULL,\n\
+             \x20 deleted_at timestamptz NOT NULL DEFAULT now(),\n\
+             \x20 PRIMARY KEY (target, id_key)\n\
+             );\n\
+             CREATE INDEX IF NOT EXISTS onceflow_tombstones_deleted_at ON {q} (deleted_at);\n",
+            q = qualified(&table),
+        );
+    }
+    sql
+}
+
+/// Deletes up to `$3` expired inbox rows of consumer `$1` (older than `$2` hours).
+pub fn cleanup_inbox(inbox: &str) -> String {
+    let q = qualified(inbox);
+    format!(
+        "DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
+         WHERE consumer = $1::text AND received_at < now() - make_interval(hours => $2::int) \
+         LIMIT $3::int)"
+    )
+}
+
+/// Deletes up to `$3` expired deletion markers of table `$1` (older than `$2` hours).
+pub fn cleanup_tombstones(inbox: &str) -> String {
+    let q = qualified(&tombstones_table(inbox));
+    format!(
+        "DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
+         WHERE target = $1::text AND deleted_at < now() - make_interval(hours => $2::int) \
+         LIMIT $3::int)"
+    )
+}
+
+/// The target's columns with their types (`format_type` without modifiers: the insert itself
+/// applies them, refusing a value too long rather than truncating it as an explicit cast
+/// would), and whether they are generated.
+pub const TABLE_COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid, NULL), \
+     a.attgenerated <> '' FROM pg_attribute a \
+     WHERE a.attrelid = to_regclass($1::text) AND a.attnum > 0 AND NOT a.attisdropped \
+     ORDER BY a.attnum";
+
+/// Whether a table exists.
+pub const TABLE_EXISTS: &str = "SELECT to_regclass($1::text) IS NOT NULL";
+
+/// The target's schema and name, when it exists.
+pub const TABLE_NAME: &str = "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+     JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1::text)";
+
+/// The column sets of the target's unique indexes (plain ones: no expression, no predicate).
+pub const UNIQUE_KEYS: &str = "SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) k \
+     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k) \
+     FROM pg_index i WHERE i.indrelid = to_regclass($1::text) AND i.indisunique \
+     AND i.indpred IS NULL AND i.indexprs IS NULL";
+
+/// The statement that applies one batch. Parameters: `$1` the message ids (`text[]`), `$2`
+/// the deletion flags (`boolean[]`), then one `text[]` per mapped column in the order of
+/// `config.columns`, then the inbox consumer and, when deletions are versioned, the target's
+/// name for deletion markers. Returns one row: fresh messages (the others were applied
+/// before), rows upserted, rows deleted.
+///
+/// `types` gives the type of every mapped column.
+pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, String)]) -> String {
+    let type_of = |column: &str| {
+        types
+            .iter()
+            .find(|(c, _)| c == column)
+            .map_or("text", |(_, t)| t.as_str())
+    };
+    let table = qualified(target);
+    let ids: Vec<String> = config.id_columns.iter().map(|c| ident(c)).collect();
+    let ids_list = ids.join(", ");
+    let version = config.version_column.as_deref().map(ident);
+    let deletes = config.delete_when.is_some();
+    let markers = deletes && version.is_some();
+    let counters = !config.increment_columns.is_empty();
+    let tombstones = qualified(&tombstones_table(&config.inbox_table));
+    let id_key = |alias: &str| {
+        let parts: Vec<String> = ids.iter().map(|c| format!("{alias}.{c}")).collect();
+        format!("jsonb_build_array({})::text", parts.join(", "))
+    };
+    let columns: Vec<&String> = config.columns.keys().collect();
+    let consumer_param = format!("${}", 3 + columns.len());
+    let target_param = format!("${}", 4 + columns.len());
+
+    let mut arrays = vec!["$1::text[]".to_string(), "$2::boolean[]".to_string()];
+    let mut names = vec!["\"$mid\"".to_string(), "\"$del\"".to_string()];
+    let mut typed = vec![
+        "r.\"$seq\"".to_string(),
+        "r.\"$mid\" COLLATE \"C\" AS \"$mid\"".to_string(),
+        "r.\"$del\"".to_string(),
+    ];
+    for (i, c) in columns.iter().enumerate() {
+        let q = ident(c);
+        arrays.push(format!("${}::text[]", 3 + i));
+        typed.push(format!("r.{q}::{} AS {q}", type_of(c)));
+        names.push(q);
+    }
+    names.push("\"$seq\"".to_string());
+    let mut sql = format!(
+        "WITH batch AS (\n  SELECT {}\n  FROM unnest({}) WITH ORDINALITY AS r({})\n),\n",
+        typed.join(", "),
+        arrays.join(", "),
+        names.join(", "),
+    );
+    let _ = write!(
+        sql,
+        "fresh AS (\n  INSERT INTO {inbox} AS i (consumer, message_id)\n  \
+         SELECT {consumer_param}::text, \"$mid\" FROM batch\n  \
+         ON CONFLICT (consumer, message_id) DO NOTHING\n  RETURNING i.message_id\n),\n",
+        inbox = qualified(&config.inbox_table),
+    );
+
+    // The fresh rows. Counters take each message once per id, even if it came twice in the
+    // batch (the same event id on two offsets).
+    let source = if counters {
+        let _ = write!(
+            sql,
+            "once AS (\n  SELECT DISTINCT ON (b.\"$mid\", {ids}) b.*\n  \
+             FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"\n  \
+             ORDER BY b.\"$mid\", {ids}, b.\"$seq\"\n),\n",
+            ids = prefixed("b", &ids),
+        );
+        "once b"
+    } else {
+        "batch b JOIN fresh f ON f.message_id = b.\"$mid\""
+    };
+
+    // One row per id: the newest version, or the last in the batch; counters summed.
+    let sums: String = config
+        .increment_columns
+        .iter()
+        .map(|c| {
+            format!(
+                ", sum(b.{col}) OVER (PARTITION BY {part}) AS {alias}",
+                col = ident(c),
+                part = prefixed("b", &ids),
+                alias = ident(&format!("$sum_{c}")),
+            )
+        })
+        .collect();
+    let order = match &version {
+        Some(v) => format!(
+            "{}, b.{v} DESC NULLS LAST, b.\"$seq\" DESC",
+            prefixed("b", &ids)
+        ),
+        None => format!("{}, b.\"$seq\" DESC", prefixed("b", &ids)),
+    };
+    let _ = write!(
+        sql,
+        "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  FROM {source}\n  ORDER BY {order}\n)",
+        on = prefixed("b", &ids),
+    );
+
+    if deletes {
+        let matches: Vec<String> = ids.iter().map(|c| format!("t.{c} = l.{c}")).collect();
+        let newer = version
+            .as_ref()
+            .map(|v| format!(" AND t.{v} < l.{v}"))
+            .unwrap_or_default();
+        let _ = write!(
+            sql,
+            ",\ndeleted AS (\n  DELETE FROM {table} AS t USING latest l\n  \
+             WHERE l.\"$del\" AND {}{newer}\n  RETURNING 1\n)",
+            matches.join(" AND ")
+        );
+    }
+    if let (true, Some(v)) = (markers, &version) {
+        let vtype = type_of(config.version_column.as_deref().unwrap_or(""));
+        let _ = write!(
+            sql,
+            ",\nmarked AS (\n  INSERT INTO {tombstones} AS d (target, id_key, version)\n  \
+             SELECT {target_param}::text, {key}, l.{v}::text FROM latest l WHERE l.\"$del\"\n  \
+             ON CONFLICT (target, id_key) DO UPDATE SET version = EXCLUDED.version, deleted_at = now()\n  \
+             WHERE d.version::{vtype} < EXCLUDED.version::{vtype}\n  RETURNING 1\n)",
+            key = id_key("l"),
+        );
+    }
+
+    // The upsert.
+    let insert_cols: Vec<String> = columns.iter().map(|c| ident(c)).collect();
+    let select_cols: Vec<String> = columns
+        .iter()
+        .map(|c| {
+            if config.increment_columns.contains(c) {
+                format!("l.{}::{}", ident(&format!("$sum_{c}")), type_of(c))
+            } else {
+                format!("l.{}", ident(c))
+            }
+        })
+        .collect();
+    let mut filters = Vec::new();
+    if deletes {
+        filters.push("NOT l.\"$del\"".to_string());
+    }
+    if let (true, Some(v)) = (markers, &version) {
+        let vtype = type_of(config.version_column.as_deref().unwrap_or(""));
+        filters.push(format!(
+            "NOT EXISTS (SELECT 1 FROM {tombstones} d WHERE d.target = {target_param}::text \
+             AND d.id_key = {key} AND d.version::{vtype} >= l.{v})",
+            key = id_key("l"),
+        ));
+    }
+    let updates: Vec<String> = columns
+        .iter()
+        .filter(|c| !config.id_columns.contains(c))
+        .map(|c| {
+            let q = ident(c);
+            if config.increment_columns.contains(c) {
+                format!("{q} = coalesce(t.{q}, 0) + coalesce(EXCLUDED.{q}, 0)")
+            } else {
+                format!("{q} = EXCLUDED.{q}")
+            }
+        })
+        .collect();
+    let on_conflict = if updates.is_empty() {
+        "DO NOTHING".to_string()
+    } else {
+        let guard = version
+            .as_ref()
+            .map(|v| format!("\n  WHERE t.{v} < EXCLUDED.{v}"))
+            .unwrap_or_default();
+        format!("DO UPDATE SET {}{guard}", updates.join(", "))
+    };
+    let _ = write!(
+        sql,
+        ",\nupserted AS (\n  INSERT INTO {table} AS t ({cols})\n  SELECT {sel} FROM latest l{filter}\n  \
+         ON CONFLICT ({ids_list}) {on_conflict}\n  RETURNING 1\n)\n",
+        cols = insert_cols.join(", "),
+        sel = select_cols.join(", "),
+        filter = if filters.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", filters.join(" AND "))
+        },
+    );
+    let _ = write!(
+        sql,
+        "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM upserted), {}",
+        if deletes {
+            "(SELECT count(*) FROM deleted)"
+        } else {
+            "0::bigint"
+        }
+    );
+    sql
+}
+
+fn prefixed(alias: &str, columns: &[String]) -> String {
+    columns
+        .iter()
+        .map(|c| format!("{alias}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Topology;
+
+    fn config(extra: &str) -> PostgresOutput {
+        let text = format!(
+            "name: t\ninputs: [{{topic: in}}]\noutputs:\n  - name: db\n    postgres:\n      url_env: U\n      table: sales.orders\n      id_columns: [id]\n      columns: {{id: id, v: v, name: name, n: n}}\n{extra}"
+        );
+        Topology::parse(&text, "t.yaml")
+            .unwrap()
+            .postgres_outputs()
+            .next()
+            .unwrap()
+            .1
+            .clone()
+    }
+
+    fn types() -> Vec<(String, String)> {
+        [
+            ("id", "bigint"),
+            ("v", "bigint"),
+            ("name", "text"),
+            ("n", "integer"),
+        ]
+        .iter()
+        .map(|(c, t)| (c.to_string(), t.to_string()))
+        .collect()
+    }
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(qualified("sales.orders"), "\"sales\".\"orders\"");
+        assert_eq!(tombstones_table("x.inbox"), "x.onceflow_tombstones");
+        assert_eq!(tombstones_table("inbox"), "onceflow_tombstones");
+    }
+
+    #[test]
+    fn versioned_upsert_with_deletes_guards_on_versions_and_tombstones() {
+        let sql = apply_batch(
+            &config("      version_column: v\n      delete_when: deleted\n"),
+            "sales.orders",
+            &types(),
+        );
+        for part in [
+            "SELECT r.\"$seq\", r.\"$mid\" COLLATE \"C\" AS \"$mid\", r.\"$del\", r.\"id\"::bigint AS \"id\", r.\"n\"::integer AS \"n\", r.\"name\"::text AS \"name\", r.\"v\"::bigint AS \"v\"",
+            "FROM unnest($1::text[], $2::boolean[], $3::text[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS r(\"$mid\", \"$del\", \"id\", \"n\", \"name\", \"v\", \"$seq\")",
+            "SELECT $7::text, \"$mid\" FROM batch",
+            "INSERT INTO \"onceflow_inbox\" AS i (consumer, message_id)",
+            "ON CONFLICT (consumer, message_id) DO NOTHING",
+            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"",
+            "ORDER BY b.\"id\", b.\"v\" DESC NULLS LAST, b.\"$seq\" DESC",
+            "DELETE FROM \"sales\".\"orders\" AS t USING latest l",
+            "WHERE l.\"$del\" AND t.\"id\" = l.\"id\" AND t.\"v\" < l.\"v\"",
+            "INSERT INTO \"onceflow_tombstones\" AS d (target, id_key, version)",
+            "WHERE d.version::bigint < EXCLUDED.version::bigint",
+            "SELECT $8::text, jsonb_build_array(l.\"id\")::text, l.\"v\"::text FROM latest l WHERE l.\"$del\"",
+            "WHERE NOT l.\"$del\" AND NOT EXISTS (SELECT 1 FROM \"onceflow_tombstones\" d WHERE d.target = $8::text AND d.id_key = jsonb_build_array(l.\"id\")::text AND d.version::bigint >= l.\"v\")",
+            "ON CONFLICT (\"id\") DO UPDATE SET \"n\" = EXCLUDED.\"n\", \"name\" = EXCLUDED.\"name\", \"v\" = EXCLUDED.\"v\"",
+            "WHERE t.\"v\" < EXCLUDED.\"v\"",
+            "(SELECT count(*) FROM deleted)",
+        ] {
+            assert!(sql.contains(part), "missing {part}\nin\n{sql}");
+        }
+    }
+
+    #[test]
+    fn unversioned_upsert_keeps_the_last_row_of_the_batch_and_never_guards() {
+        let sql = apply_batch(&config(""), "sales.orders", &types());
+        assert!(sql.contains("ORDER BY b.\"id\", b.\"$seq\" DESC"), "{sql}");
+        assert!(!sql.contains("EXCLUDED.\"v\"\n  WHERE"), "{sql}");
+        assert!(!sql.contains("DELETE"), "{sql}");
+        assert!(!sql.contains("onceflow_tombstones"), "{sql}");
+        assert!(sql.contains("0::bigint"), "{sql}");
+    }
+
+    #[test]
+    fn counters_are_summed_in_the_batch_and_added_to_the_stored_value() {
+        let sql = apply_batch(
+            &config("      increment_columns: [n]\n"),
+            "sales.orders",
+            &types(),
+        );
+        assert!(
+            sql.contains("sum(b.\"n\") OVER (PARTITION BY b.\"id\") AS \"$sum_n\""),
+            "{sql}"
+        );
+        assert!(sql.contains("l.\"$sum_n\"::integer"), "{sql}");
+        assert!(
+            sql.contains(
+                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b JOIN fresh f"
+            ),
+            "each message counts once per id: {sql}"
+        );
+        assert!(sql.contains("FROM once b"), "{sql}");
+        assert!(
+            sql.contains("\"n\" = coalesce(t.\"n\", 0) + coalesce(EXCLUDED.\"n\", 0)"),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn deletes_without_versions_leave_no_markers() {
+        let sql = apply_batch(
+            &config("      delete_when: gone\n"),
+            "sales.orders",
+            &types(),
+        );
+        assert!(
+            sql.contains("WHERE l.\"$del\" AND t.\"id\" = l.\"id\"\n"),
+            "{sql}"
+        );
+        assert!(!sql.contains("onceflow_tombstones"), "{sql}");
+    }
+
+    #[test]
+    fn a_table_of_ids_only_does_nothing_on_conflict() {
+        let mut c = config("");
+        c.columns.retain(|k, _| k == "id");
+        let sql = apply_batch(&c, "t", &types());
+        assert!(sql.contains("ON CONFLICT (\"id\") DO NOTHING"), "{sql}");
+    }
+
+    #[test]
+    fn ddl_creates_inbox_and_tombstones_if_missing() {
+        let sql = create_tables("ops.inbox", true);
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"inbox\""));
+        assert!(
+            sql.contains("message_id  text COLLATE \"C\" NOT NULL"),
+            "{sql}"
+        );
+        assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"inbox_received_at\""));
+        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"onceflow_tombstones\""));
+        assert!(!create_tables("inbox", false).contains("tombstones"));
+    }
+}

@@ -1,0 +1,975 @@
+//! The PostgreSQL output on a real PostgreSQL server and, for the jobs, the real broker:
+//! latest version wins over duplicates and disorder, a crash between the database commit and
+//! the Kafka commit changes nothing (a counter table counts each event once), a database
+//! restart mid-run loses nothing, and a record that violates a constraint stops the job
+//! naming it, with nothing of its batch committed.
+//!
+//! The tests of this file run one at a time: one of them restarts the shared server.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::*;
+use onceflow::sink::SinkErrorKind;
+use onceflow::sink::postgres::PostgresSink;
+use onceflow::topology::Topology;
+use onceflow::transform::{Origin, Record};
+use rand::Rng;
+use rand::seq::SliceRandom;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::{Value, json};
+
+const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
+
+/// The server started by `scripts/test` (`scripts/postgres start`).
+fn pg_url() -> String {
+    std::env::var(PG_URL_ENV).expect(
+        "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
+    )
+}
+
+/// One test at a time: the restart test stops the server every test here uses.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A test's own connection to the database.
+struct Db {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Db {
+    fn connect() -> Db {
+        Self::try_connect().expect("connect to the test database")
+    }
+
+    fn try_connect() -> Result<Db, tokio_postgres::Error> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (client, connection) =
+            rt.block_on(tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls))?;
+        rt.spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Db { rt, client })
+    }
+
+    fn exec(&self, sql: &str) {
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+
+    fn try_query(&self, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.rt.block_on(self.client.query(sql, &[]))
+    }
+
+    fn query(&self, sql: &str) -> Vec<tokio_postgres::Row> {
+        self.try_query(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        self.query(sql)[0].get(0)
+    }
+}
+
+/// A table name no other test uses.
+fn table_name(prefix: &str) -> String {
+    unique(prefix).replace('-', "_")
+}
+
+/// Writes JSON records (key, value) in order, idempotently.
+fn produce_json(topic: &str, records: &[(String, Value)], per_second: Option<u64>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let started = Instant::now();
+    for (n, (key, value)) in records.iter().enumerate() {
+        if let Some(rate) = per_second {
+            let due = started + Duration::from_secs_f64(n as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                producer.poll(Duration::ZERO);
+                std::thread::sleep(wait);
+            }
+        }
+        let payload = value.to_string();
+        let mut record = BaseRecord::to(topic).key(key).payload(&payload);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// A topology file in a temporary folder.
+struct Job {
+    _dir: tempfile::TempDir,
+    topology: PathBuf,
+    name: String,
+}
+
+fn job(prefix: &str, input: &str, outputs: &str, runtime: &str) -> Job {
+    let name = unique(prefix);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("topology.yaml");
+    let text = format!(
+        "name: {name}\ninputs:\n  - topic: {input}\noutputs:\n{outputs}runtime:\n  session_timeout_ms: 10000\n{runtime}"
+    );
+    Topology::parse(&text, "test topology").expect("the test topology is valid");
+    std::fs::write(&topology, text).expect("write topology");
+    Job {
+        _dir: dir,
+        topology,
+        name,
+    }
+}
+
+/// A `postgres` output entry of a topology.
+fn pg_output(name: &str, table: &str, body: &str) -> String {
+    format!(
+        "  - name: {name}\n    postgres:\n      url_env: {PG_URL_ENV}\n      table: {table}\n{body}"
+    )
+}
+
+/// `onceflow run` with its stderr collected (and echoed) by a thread.
+struct Child {
+    process: KillOnDrop,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Child {
+    fn spawn(job: &Job, envs: &[(&str, String)], args: &[&str]) -> Child {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_onceflow"));
+        command
+            .arg("run")
+            .arg(&job.topology)
+            .args(["--bootstrap-servers", &bootstrap()])
+            .args(["--instance-id", "pg-0", "--progress-secs", "0"])
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .env_remove("ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT")
+            .current_dir(job._dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        let mut process = KillOnDrop(command.spawn().expect("spawn onceflow"));
+        let mut pipe = process.stderr.take().expect("stderr");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]);
+                eprint!("{text}");
+                sink.lock().unwrap().push_str(&text);
+            }
+        });
+        Child {
+            process,
+            stderr,
+            reader: Some(reader),
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.try_wait().expect("try_wait") {
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "onceflow did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn terminate(mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.process.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let status = self.wait(Duration::from_secs(60));
+        assert!(
+            status.success(),
+            "onceflow did not exit 0 on SIGTERM: {status:?}"
+        );
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+/// The committed offset of the job's group on each partition of `topic`.
+fn committed_offsets(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => o,
+            _ => -1,
+        })
+        .collect()
+}
+
+/// Polls `done` every 200 ms (database errors count as "not yet") until it holds or
+/// `timeout` passes; returns whether it held.
+fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+// --- The sink through its library API (no Kafka): the semantics in detail -------------------
+
+fn sink_config(table: &str, body: &str) -> onceflow::topology::PostgresOutput {
+    let text = format!(
+        "name: t\ninputs: [{{topic: in}}]\noutputs:\n{}",
+        pg_output("db", table, body)
+    );
+    Topology::parse(&text, "t.yaml")
+        .expect("valid")
+        .postgres_outputs()
+        .next()
+        .expect("one output")
+        .1
+        .clone()
+}
+
+fn rec(offset: i64, value: Value) -> Record {
+    Record {
+        key: None,
+        value: Some(value.to_string().into_bytes()),
+        headers: Vec::new(),
+        timestamp: None,
+        origin: Origin {
+            topic: "orders".into(),
+            partition: 0,
+            offset,
+        },
+    }
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+#[test]
+fn sink_arbitrates_versions_remembers_deletions_and_absorbs_replays() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("arbitrate");
+    db.exec(&format!(
+        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, name text)"
+    ));
+    let config = sink_config(
+        &table,
+        "      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: v, name: name}\n      delete_when: deleted\n",
+    );
+    let topology = unique("arbitrate");
+    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    let rows = |db: &Db| -> Vec<(i64, i64, String)> {
+        db.query(&format!(
+            "SELECT id, version, name FROM {table} ORDER BY id"
+        ))
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    };
+
+    // One batch: several versions of one id, out of order; the newest wins.
+    for (offset, v) in [(0, 2), (1, 5), (2, 3)] {
+        sink.stage(&rec(
+            offset,
+            json!({"id": 1, "v": v, "name": format!("v{v}")}),
+        ))
+        .unwrap();
+    }
+    sink.stage(&rec(3, json!({"id": 2, "v": 1, "name": "a"})))
+        .unwrap();
+    assert!(sink.flush(far()).unwrap());
+    assert_eq!(rows(&db), vec![(1, 5, "v5".into()), (2, 1, "a".into())]);
+
+    // A later batch with an older version changes nothing; a newer one does.
+    sink.stage(&rec(4, json!({"id": 1, "v": 4, "name": "late"})))
+        .unwrap();
+    sink.stage(&rec(5, json!({"id": 2, "v": 2, "name": "b"})))
+        .unwrap();
+    sink.flush(far()).unwrap();
+    assert_eq!(rows(&db), vec![(1, 5, "v5".into()), (2, 2, "b".into())]);
+
+    // A deletion older than the row is ignored; a newer one deletes and is remembered, so an
+    // older upsert arriving later does not bring the row back, and a newer one does.
+    sink.stage(&rec(6, json!({"id": 1, "v": 1, "deleted": true})))
+        .unwrap();
+    sink.stage(&rec(7, json!({"id": 2, "v": 7, "deleted": true})))
+        .unwrap();
+    sink.flush(far()).unwrap();
+    assert_eq!(rows(&db), vec![(1, 5, "v5".into())]);
+    sink.stage(&rec(8, json!({"id": 2, "v": 6, "name": "resurrected?"})))
+        .unwrap();
+    sink.stage(&rec(9, json!({"id": 3, "v": 1, "deleted": true})))
+        .unwrap();
+    sink.flush(far()).unwrap();
+    assert_eq!(rows(&db), vec![(1, 5, "v5".into())]);
+    sink.stage(&rec(10, json!({"id": 2, "v": 8, "name": "back"})))
+        .unwrap();
+    sink.stage(&rec(
+        11,
+        json!({"id": 3, "v": 1, "name": "same version as its deletion"}),
+    ))
+    .unwrap();
+    sink.flush(far()).unwrap();
+    assert_eq!(rows(&db), vec![(1, 5, "v5".into()), (2, 8, "back".into())]);
+
+    // A replay of messages applied before (same offsets), mixed with new ones: only the new
+    // ones apply, even where the replayed ones carry a newer version.
+    let before = rows(&db);
+    sink.stage(&rec(
+        1,
+        json!({"id": 1, "v": 99, "name": "replayed, never applied"}),
+    ))
+    .unwrap();
+    sink.stage(&rec(12, json!({"id": 4, "v": 1, "name": "new"})))
+        .unwrap();
+    sink.flush(far()).unwrap();
+    let mut expected = before;
+    expected.push((4, 1, "new".into()));
+    assert_eq!(rows(&db), expected);
+    let inbox = db.count(&format!(
+        "SELECT count(*) FROM onceflow_inbox WHERE consumer = '{topology}/db'"
+    ));
+    assert_eq!(inbox, 13, "one inbox row per message");
+
+    // Staged but discarded (an aborted Kafka transaction): nothing is written.
+    sink.stage(&rec(13, json!({"id": 5, "v": 1, "name": "discarded"})))
+        .unwrap();
+    sink.discard();
+    assert!(!sink.flush(far()).unwrap());
+    assert_eq!(rows(&db).len(), 3);
+
+    // Expired inbox rows and deletion markers go, 1000 at a time, at the next check.
+    db.exec(&format!(
+        "UPDATE onceflow_inbox SET received_at = now() - interval '200 hours' WHERE consumer = '{topology}/db' AND message_id IN ('orders/0/0', 'orders/0/1');
+         UPDATE onceflow_tombstones SET deleted_at = now() - interval '200 hours' WHERE target = 'public.{table}'"
+    ));
+    let fresh_sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    drop(sink);
+    let mut sink = fresh_sink;
+    sink.stage(&rec(14, json!({"id": 6, "v": 1, "name": "x"})))
+        .unwrap();
+    sink.flush(far()).unwrap();
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM onceflow_inbox WHERE consumer = '{topology}/db'"
+        )),
+        13 - 2 + 1
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM onceflow_tombstones WHERE target = 'public.{table}'"
+        )),
+        0
+    );
+}
+
+#[test]
+fn sink_counts_increments_once_and_names_bad_records() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("counter");
+    db.exec(&format!(
+        "CREATE TABLE {table} (key text PRIMARY KEY, n bigint NOT NULL CHECK (n < 1000), last text)"
+    ));
+    let config = sink_config(
+        &table,
+        "      id_columns: [key]\n      columns: {key: k, n: one, last: tag}\n      increment_columns: [n]\n",
+    );
+    let topology = unique("counter");
+    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    for offset in 0..10 {
+        let k = if offset % 3 == 0 { "a" } else { "b" };
+        sink.stage(&rec(
+            offset,
+            json!({"k": k, "one": 1, "tag": format!("t{offset}")}),
+        ))
+        .unwrap();
+    }
+    sink.flush(far()).unwrap();
+    // The same ten again (a replay) plus two new ones.
+    for offset in 0..12 {
+        let k = if offset % 3 == 0 { "a" } else { "b" };
+        sink.stage(&rec(
+            offset,
+            json!({"k": k, "one": 1, "tag": format!("t{offset}")}),
+        ))
+        .unwrap();
+    }
+    sink.flush(far()).unwrap();
+    let counts: Vec<(String, i64, String)> = db
+        .query(&format!("SELECT key, n, last FROM {table} ORDER BY key"))
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![("a".into(), 4, "t9".into()), ("b".into(), 8, "t11".into())]
+    );
+
+    // A value that is not an object is refused at once, naming the record.
+    let err = sink
+        .stage(&rec(20, json!([1, 2])))
+        .expect_err("not an object");
+    assert_eq!(err.kind, SinkErrorKind::Permanent);
+    assert_eq!(err.origin.as_ref().map(|o| o.offset), Some(20));
+
+    // A row that violates a constraint fails the batch; the record is found and nothing of
+    // the batch is committed, inbox included.
+    sink.stage(&rec(21, json!({"k": "c", "one": 1}))).unwrap();
+    sink.stage(&rec(22, json!({"k": "d", "one": 5000})))
+        .unwrap();
+    sink.stage(&rec(23, json!({"k": "e", "one": 1}))).unwrap();
+    let err = sink.flush(far()).expect_err("check violation");
+    assert_eq!(err.kind, SinkErrorKind::Permanent, "{err}");
+    assert_eq!(err.origin.as_ref().map(|o| o.offset), Some(22), "{err}");
+    assert!(err.to_string().contains("orders[0]@22"), "{err}");
+    assert!(err.to_string().contains("23514"), "{err}");
+    assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 2);
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM onceflow_inbox WHERE consumer = '{topology}/db'"
+        )),
+        12
+    );
+}
+
+#[test]
+fn sink_with_event_ids_applies_an_event_once_whatever_its_offsets() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("eventid");
+    db.exec(&format!(
+        "CREATE TABLE {table} (key text PRIMARY KEY, n bigint NOT NULL, tags text[])"
+    ));
+    let config = sink_config(
+        &table,
+        "      id_columns: [key]\n      columns: {key: k, n: one, tags: tags}\n      increment_columns: [n]\n      event_id: {field: eid}\n",
+    );
+    let topology = unique("eventid");
+    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    // Event e1 twice in one batch (two offsets), e2 once; then e1 and e2 again on new
+    // offsets with e3: each event counts once.
+    let event = |offset, eid: &str| {
+        rec(
+            offset,
+            json!({"eid": eid, "k": "a", "one": 1, "tags": ["x", "y z"]}),
+        )
+    };
+    for (offset, eid) in [(0, "e1"), (1, "e1"), (2, "e2")] {
+        sink.stage(&event(offset, eid)).unwrap();
+    }
+    sink.flush(far()).unwrap();
+    for (offset, eid) in [(3, "e1"), (4, "e2"), (5, "e3")] {
+        sink.stage(&event(offset, eid)).unwrap();
+    }
+    sink.flush(far()).unwrap();
+    let rows = db.query(&format!("SELECT n, tags FROM {table}"));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, i64>(0), 3);
+    assert_eq!(
+        rows[0].get::<_, Vec<String>>(1),
+        vec!["x".to_string(), "y z".to_string()]
+    );
+}
+
+#[test]
+fn a_table_without_a_unique_key_on_the_ids_is_refused_at_start() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("nokey");
+    db.exec(&format!("CREATE TABLE {table} (id bigint, name text)"));
+    let config = sink_config(
+        &table,
+        "      id_columns: [id]\n      columns: {id: id, nope: name}\n",
+    );
+    let err = PostgresSink::connect_url("t", "db", &config, &pg_url())
+        .err()
+        .expect("refused");
+    assert_eq!(err.kind, SinkErrorKind::Fatal);
+    let text = err.to_string();
+    assert!(text.contains("has no column `nope`"), "{text}");
+    assert!(text.contains("no primary key or unique index"), "{text}");
+}
+
+// --- Jobs on the real broker ----------------------------------------------------------------
+
+/// One event of the ordered-state test: version `v` of row `id`, or its deletion.
+fn state_event(id: u64, v: u64, deleted: bool) -> (String, Value) {
+    let value = if deleted {
+        json!({"id": id, "version": v, "deleted": true})
+    } else {
+        let cents = id * 8 + v;
+        let amount: Value =
+            serde_json::from_str(&format!("{}.{:02}", cents / 100, cents % 100)).expect("amount");
+        json!({
+            "id": id,
+            "version": v,
+            "name": format!("n{id}-v{v}"),
+            "amount": amount,
+            "tags": {"v": v, "odd": id % 2 == 1},
+        })
+    };
+    (id.to_string(), value)
+}
+
+#[test]
+fn latest_version_wins_over_duplicates_and_disorder() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("latest");
+    db.exec(&format!(
+        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, name text NOT NULL, amount numeric(12,2), tags jsonb)"
+    ));
+    let input = unique("latest-in");
+    create_topics(&[&input], 4);
+
+    // 2,000 ids with versions 1..=8 (the 8th deletes every tenth id), plus 4,000 copies of
+    // random events, all shuffled: versions arrive out of order and several times.
+    let mut rng = rand::rng();
+    let mut events: Vec<(String, Value)> = Vec::new();
+    for id in 0..2_000u64 {
+        for v in 1..=8u64 {
+            events.push(state_event(id, v, v == 8 && id % 10 == 3));
+        }
+    }
+    let copies: Vec<(String, Value)> = (0..4_000)
+        .map(|_| events[rng.random_range(0..events.len())].clone())
+        .collect();
+    events.extend(copies);
+    events.shuffle(&mut rng);
+    assert_eq!(events.len(), 20_000);
+    produce_json(&input, &events, None);
+
+    let outputs = pg_output(
+        "latest",
+        &table,
+        "      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: version, name: name, amount: amount, tags: tags}\n      delete_when: deleted\n      batch_size: 700\n",
+    );
+    let job = job("latest", &input, &outputs, "  max_records_per_txn: 1000\n");
+    let mut child = Child::spawn(&job, &[], &["--stop-after-records", "20000"]);
+    let status = child.wait(Duration::from_secs(180));
+    assert!(
+        status.success(),
+        "the job failed: {status:?}\n{}",
+        child.stderr()
+    );
+
+    // The expected table: the highest version of each id, absent when that is a deletion.
+    let mut newest: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, e) in &events {
+        let id = e["id"].as_u64().unwrap();
+        let v = e["version"].as_u64().unwrap();
+        let slot = newest.entry(id).or_default();
+        *slot = (*slot).max(v);
+    }
+    let mut expected: BTreeMap<i64, (i64, String, String, Value)> = BTreeMap::new();
+    for (&id, &v) in &newest {
+        let (_, e) = state_event(id, v, v == 8 && id % 10 == 3);
+        if e.get("deleted").is_none() {
+            let cents = id * 8 + v;
+            expected.insert(
+                id as i64,
+                (
+                    v as i64,
+                    e["name"].as_str().unwrap().to_string(),
+                    format!("{}.{:02}", cents / 100, cents % 100),
+                    e["tags"].clone(),
+                ),
+            );
+        }
+    }
+    assert_eq!(expected.len(), 1_800);
+    let actual: BTreeMap<i64, (i64, String, String, Value)> = db
+        .query(&format!(
+            "SELECT id, version, name, amount::text, tags::text FROM {table}"
+        ))
+        .iter()
+        .map(|r| {
+            let tags: String = r.get(4);
+            (
+                r.get(0),
+                (
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    serde_json::from_str(&tags).unwrap(),
+                ),
+            )
+        })
+        .collect();
+    let wrong: Vec<_> = expected
+        .iter()
+        .filter(|(id, row)| actual.get(id) != Some(row))
+        .take(10)
+        .collect();
+    let extra: Vec<_> = actual
+        .keys()
+        .filter(|id| !expected.contains_key(id))
+        .take(10)
+        .collect();
+    assert!(
+        wrong.is_empty() && extra.is_empty() && actual.len() == expected.len(),
+        "{} rows, {} expected; wrong or missing (first): {wrong:?}; unexpected ids: {extra:?}",
+        actual.len(),
+        expected.len()
+    );
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM onceflow_tombstones WHERE target = 'public.{table}' AND version = '8'"
+        )),
+        200,
+        "each deletion is remembered with its version"
+    );
+}
+
+/// Tables of the counting tests: one row per event (versioned upsert), and a counter per key
+/// (`n = n + 1` per event) that would overcount any event applied twice.
+fn counting_tables(db: &Db, prefix: &str) -> (String, String, String) {
+    let events = table_name(&format!("{prefix}_events"));
+    let counts = table_name(&format!("{prefix}_counts"));
+    db.exec(&format!(
+        "CREATE TABLE {events} (id bigint PRIMARY KEY, key text NOT NULL, version bigint NOT NULL);
+         CREATE TABLE {counts} (key text PRIMARY KEY, n bigint NOT NULL)"
+    ));
+    let outputs = format!(
+        "{}{}",
+        pg_output(
+            "events",
+            &events,
+            "      id_columns: [id]\n      version_column: version\n      columns: {id: id, key: key, version: version}\n      batch_size: 250\n",
+        ),
+        pg_output(
+            "counts",
+            &counts,
+            "      id_columns: [key]\n      columns: {key: key, n: one}\n      increment_columns: [n]\n      batch_size: 250\n",
+        )
+    );
+    (events, counts, outputs)
+}
+
+const KEYS: u64 = 40;
+
+fn counting_events(n: u64) -> Vec<(String, Value)> {
+    (0..n)
+        .map(|i| {
+            (
+                i.to_string(),
+                json!({"id": i, "key": format!("k{}", i % KEYS), "one": 1, "version": 1}),
+            )
+        })
+        .collect()
+}
+
+/// Each event counted once, one inbox row per message and output, every offset committed.
+fn assert_counted_once(
+    db: &Db,
+    job: &Job,
+    input: &str,
+    events_table: &str,
+    counts_table: &str,
+    n: u64,
+) {
+    let counts: Vec<(String, i64)> = db
+        .query(&format!("SELECT key, n FROM {counts_table} ORDER BY key"))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let wrong: Vec<&(String, i64)> = counts
+        .iter()
+        .filter(|(_, c)| *c as u64 != n / KEYS)
+        .collect();
+    assert!(
+        counts.len() as u64 == KEYS && wrong.is_empty(),
+        "every key must count {} events: {} keys, wrong: {wrong:?}",
+        n / KEYS,
+        counts.len()
+    );
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM {events_table}")),
+        n as i64
+    );
+    for output in ["events", "counts"] {
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) FROM onceflow_inbox WHERE consumer = '{}/{output}'",
+                job.name
+            )),
+            n as i64,
+            "one inbox row per message for {output}"
+        );
+    }
+    let committed: i64 = committed_offsets(&format!("onceflow.{}", job.name), input, 4)
+        .iter()
+        .sum();
+    assert_eq!(committed, n as i64, "every consumed offset is committed");
+}
+
+#[test]
+fn crashes_between_the_database_commit_and_the_kafka_commit_count_each_event_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let _serial = serial();
+    let db = Db::connect();
+    let (events_table, counts_table, outputs) = counting_tables(&db, "crash");
+    let input = unique("pgcrash-in");
+    create_topics(&[&input], 4);
+    const N: u64 = 12_000;
+    produce_json(&input, &counting_events(N), None);
+    let job = job("pgcrash", &input, &outputs, "  max_records_per_txn: 250\n");
+    let mut rng = rand::rng();
+
+    // SIGKILLs at random moments.
+    for round in 0..2 {
+        let mut child = Child::spawn(&job, &[], &[]);
+        std::thread::sleep(Duration::from_millis(rng.random_range(800..1_600)));
+        child.process.kill().expect("SIGKILL");
+        child.wait(Duration::from_secs(10));
+        let applied = db.count(&format!("SELECT count(*) FROM {events_table}"));
+        eprintln!("SIGKILL round {round}: {applied} events applied");
+    }
+    // Each run aborts right after its n-th database commit, before the Kafka transaction
+    // of that batch commits: the next run consumes the batch again.
+    for round in 0..6 {
+        let n: u64 = rng.random_range(1..=7);
+        let mut child = Child::spawn(
+            &job,
+            &[("ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT", n.to_string())],
+            &[],
+        );
+        let status = child.wait(Duration::from_secs(90));
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "round {round}: the job should abort after database commit {n}: {status:?}"
+        );
+        let applied = db.count(&format!("SELECT count(*) FROM {events_table}"));
+        eprintln!("round {round}: aborted after database commit {n}; {applied} events applied");
+    }
+
+    let child = Child::spawn(&job, &[], &[]);
+    let done = wait_until(Duration::from_secs(180), || {
+        db.count(&format!(
+            "SELECT coalesce(sum(n), 0)::bigint FROM {counts_table}"
+        )) >= N as i64
+            && db.count(&format!("SELECT count(*) FROM {events_table}")) == N as i64
+    });
+    // Let the last Kafka transaction commit, then stop.
+    std::thread::sleep(Duration::from_secs(1));
+    child.terminate();
+    assert!(done, "not every event was applied");
+    assert_counted_once(&db, &job, &input, &events_table, &counts_table, N);
+}
+
+/// Runs `scripts/postgres <command>` against the test server.
+fn postgres_script(command: &str) {
+    let url = pg_url();
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("a port in ONCEFLOW_TEST_PG_URL")
+        .to_string();
+    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
+        .arg(command)
+        .env("PG_PORT", port)
+        .stdout(Stdio::null())
+        .status()
+        .expect("scripts/postgres");
+    assert!(
+        status.success(),
+        "scripts/postgres {command} failed (this test restarts the server of scripts/postgres, with the same PG_PORT and ONCEFLOW_PG_DIR)"
+    );
+}
+
+#[test]
+fn a_database_restart_mid_run_loses_nothing() {
+    let _serial = serial();
+    let db = Db::connect();
+    let (events_table, counts_table, outputs) = counting_tables(&db, "restart");
+    let input = unique("pgrestart-in");
+    create_topics(&[&input], 4);
+    const N: u64 = 20_000;
+    let feeder = {
+        let input = input.clone();
+        std::thread::spawn(move || produce_json(&input, &counting_events(N), Some(2_500)))
+    };
+    let job = job(
+        "pgrestart",
+        &input,
+        &outputs,
+        "  max_records_per_txn: 500\n",
+    );
+    let child = Child::spawn(&job, &[], &[]);
+    assert!(
+        wait_until(Duration::from_secs(60), || db
+            .count(&format!("SELECT count(*) FROM {events_table}"))
+            > 0),
+        "the job never wrote"
+    );
+    drop(db);
+
+    postgres_script("stop");
+    std::thread::sleep(Duration::from_secs(4));
+    postgres_script("start");
+    assert!(!feeder.is_finished(), "the input ended before the restart");
+    feeder.join().expect("feeder");
+
+    let done = wait_until(Duration::from_secs(180), || {
+        let Ok(db) = Db::try_connect() else {
+            return false;
+        };
+        let sum = db.try_query(&format!(
+            "SELECT coalesce(sum(n), 0)::bigint FROM {counts_table}"
+        ));
+        matches!(sum.as_deref(), Ok([row]) if row.get::<_, i64>(0) >= N as i64)
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let log = child.stderr();
+    child.terminate();
+    assert!(done, "not every event was applied after the restart");
+    assert!(
+        log.contains("transient database error"),
+        "the job should have retried while the server was down:\n{log}"
+    );
+    assert_counted_once(
+        &Db::connect(),
+        &job,
+        &input,
+        &events_table,
+        &counts_table,
+        N,
+    );
+}
+
+#[test]
+fn a_record_that_violates_a_constraint_stops_the_job_naming_it() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("check");
+    db.exec(&format!(
+        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL CHECK (amount >= 0))"
+    ));
+    let input = unique("pgcheck-in");
+    create_topics(&[&input], 1);
+    let event = |id: u64, amount: i64| {
+        (
+            id.to_string(),
+            json!({"id": id, "version": 1, "amount": amount}),
+        )
+    };
+    let outputs = pg_output(
+        "checked",
+        &table,
+        "      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: version, amount: amount}\n",
+    );
+    let job = job(
+        "pgcheck",
+        &input,
+        &outputs,
+        "  commit_interval_ms: 2000\n  transaction_timeout_ms: 20000\n",
+    );
+
+    // 500 good records go through.
+    let good: Vec<(String, Value)> = (0..500).map(|i| event(i, i as i64)).collect();
+    produce_json(&input, &good, None);
+    let mut first = Child::spawn(&job, &[], &["--stop-after-records", "500"]);
+    let status = first.wait(Duration::from_secs(120));
+    assert!(status.success(), "{status:?}\n{}", first.stderr());
+    assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 500);
+
+    // The next batch holds one record the table refuses (offset 550).
+    let next: Vec<(String, Value)> = (500..600)
+        .map(|i| event(i, if i == 550 { -1 } else { i as i64 }))
+        .collect();
+    produce_json(&input, &next, None);
+    let mut second = Child::spawn(&job, &[], &[]);
+    let status = second.wait(Duration::from_secs(120));
+    let log = second.stderr();
+    assert!(
+        !status.success(),
+        "the job must stop on the bad record:\n{log}"
+    );
+    for expected in [
+        format!("record {input}[0]@550"),
+        "23514".to_string(),
+        "check constraint".to_string(),
+        "nothing of this batch was committed".to_string(),
+    ] {
+        assert!(log.contains(&expected), "missing `{expected}` in:\n{log}");
+    }
+    // Nothing of that batch is committed: no row, no inbox entry, no Kafka offset.
+    assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 500);
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM onceflow_inbox WHERE consumer = '{}/checked'",
+            job.name
+        )),
+        500
+    );
+    assert_eq!(
+        committed_offsets(&format!("onceflow.{}", job.name), &input, 1),
+        vec![500]
+    );
+}
