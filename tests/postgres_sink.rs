@@ -134,8 +134,23 @@ fn job(prefix: &str, input: &str, outputs: &str, runtime: &str) -> Job {
     let name = unique(prefix);
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = dir.path().join("topology.yaml");
+    // Several outputs take every record: a route says so.
+    let names: Vec<&str> = outputs
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("- name: "))
+        .map(str::trim)
+        .collect();
+    let pipeline = if names.len() > 1 {
+        format!(
+            "pipeline:\n  - route: {{routes: [{{when: 'true', to: [{}]}}], default: [{}]}}\n",
+            names.join(", "),
+            names[0]
+        )
+    } else {
+        String::new()
+    };
     let text = format!(
-        "name: {name}\ninputs:\n  - topic: {input}\noutputs:\n{outputs}runtime:\n  session_timeout_ms: 10000\n{runtime}"
+        "name: {name}\ninputs:\n  - topic: {input}\n{pipeline}outputs:\n{outputs}runtime:\n  session_timeout_ms: 10000\n{runtime}"
     );
     Topology::parse(&text, "test topology").expect("the test topology is valid");
     std::fs::write(&topology, text).expect("write topology");
