@@ -13,6 +13,7 @@
 //! * [`embedded`]: an in-process cluster for a first run with nothing installed. It does not
 //!   enforce transactions and proves nothing about exactly-once.
 //! * [`telemetry`]: every log line about the job's life, from one place.
+//! * [`histogram`]: a fixed-size duration histogram (commit durations, benchmark latencies).
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -22,6 +23,7 @@
 
 pub mod embedded;
 pub mod engine;
+pub mod histogram;
 pub mod telemetry;
 pub mod topology;
 pub mod transform;

@@ -20,6 +20,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use super::EngineError;
 use super::classify::{TxnAction, classify, traits_of};
 use super::offsets::TxnOffsets;
+use crate::histogram::Histogram;
 use crate::telemetry;
 use crate::topology::Guarantee;
 use crate::transform::Record;
@@ -46,6 +47,9 @@ pub struct TxnStats {
     pub records_committed: u64,
     pub outputs_committed: u64,
     pub producer_rebuilds: u64,
+    /// How long each committed transaction took to commit: waiting for its deliveries,
+    /// sending the offsets and committing (under at-least-once: the offset commit).
+    pub commit_durations: Histogram,
 }
 
 /// What became of a commit request.
@@ -263,6 +267,7 @@ impl Txn {
         let started = Instant::now();
         match self.try_commit(consumer) {
             Ok(()) => {
+                self.stats.commit_durations.record(started.elapsed());
                 self.stats.committed += 1;
                 self.stats.records_committed += self.records;
                 self.stats.outputs_committed += self.outputs;
