@@ -14,6 +14,8 @@
 //!   enforce transactions and proves nothing about exactly-once.
 //! * [`telemetry`]: every log line about the job's life, from one place.
 //! * [`histogram`]: a fixed-size duration histogram (commit durations, benchmark latencies).
+//! * [`bench`]: `onceflow bench`, throughput against partition count next to the broker's
+//!   ceiling and Kafka Streams.
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -21,6 +23,7 @@
 //! per topology and instance: after a crash the restarted instance fences its previous
 //! incarnation and the broker aborts whatever it left open.
 
+pub mod bench;
 pub mod embedded;
 pub mod engine;
 pub mod histogram;
