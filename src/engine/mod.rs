@@ -29,6 +29,10 @@ use crate::transform::{Origin, Pipeline, Record};
 pub use clients::Identity;
 use txn::{Added, Txn, TxnSettings, TxnStats, lock};
 
+/// How many records the loop handles between two servings of the producer's delivery reports
+/// (and at every idle poll).
+const SERVE_DELIVERIES_EVERY: u32 = 64;
+
 /// Why a job stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -175,6 +179,7 @@ pub fn run(
     let mut outputs: Vec<(&str, Record)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
+    let mut since_poll: u32 = 0;
     let max_wait = Duration::from_millis(100);
 
     let result = loop {
@@ -190,6 +195,7 @@ pub fn run(
             break Err(e);
         }
         let mut txn = lock(&txn);
+        let idle = polled.is_none();
         match polled {
             None => {}
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
@@ -200,27 +206,36 @@ pub fn run(
                 consumed += 1;
                 let record = to_record(&msg);
                 drop(msg);
+                // The pipeline takes the record; only its origin is needed afterwards (not a
+                // copy of its key and value).
+                let origin = record.origin.clone();
                 produced.clear();
-                if let Err(e) = pipeline.process(record.clone(), &mut produced) {
+                if let Err(e) = pipeline.process(record, &mut produced) {
                     // Until dead-lettering exists, a failing record stops the job rather than
                     // being skipped: its offset is never committed, nothing is lost.
                     let _ = txn.abort_and_rewind(&consumer, "transform failed");
                     break Err(EngineError::Transform {
-                        topic: record.origin.topic,
-                        partition: record.origin.partition,
-                        offset: record.origin.offset,
+                        topic: origin.topic,
+                        partition: origin.partition,
+                        offset: origin.offset,
                         message: e.to_string(),
                     });
                 }
                 outputs.clear();
                 outputs.extend(produced.drain(..).map(|r| (output, r)));
-                match txn.add(&consumer, &record, &outputs) {
+                match txn.add(&consumer, &origin, &outputs) {
                     Ok(Added::Yes | Added::Aborted) => {}
                     Err(e) => break Err(e),
                 }
             }
         }
-        txn.poll();
+        // Serving delivery reports costs a few clock reads and a lock: once in a while is
+        // enough (the commit waits for every one of them anyway).
+        since_poll += 1;
+        if since_poll >= SERVE_DELIVERIES_EVERY || idle {
+            txn.poll();
+            since_poll = 0;
+        }
         if txn.is_due(Instant::now()) {
             if let Err(e) = txn.commit(&consumer) {
                 break Err(e);

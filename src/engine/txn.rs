@@ -23,7 +23,7 @@ use super::offsets::TxnOffsets;
 use crate::histogram::Histogram;
 use crate::telemetry;
 use crate::topology::Guarantee;
-use crate::transform::Record;
+use crate::transform::{Origin, Record};
 
 /// When a transaction is due, and how long client calls may take.
 #[derive(Debug, Clone)]
@@ -179,11 +179,12 @@ impl Txn {
         self.producer.poll(Duration::ZERO);
     }
 
-    /// Adds one consumed record and what the pipeline made of it to the open transaction.
+    /// Adds what the pipeline made of one consumed record (read at `origin`) to the open
+    /// transaction.
     pub fn add<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
-        source: &Record,
+        origin: &Origin,
         outputs: &[(&str, Record)],
     ) -> Result<Added, EngineError> {
         if !self.open {
@@ -203,7 +204,6 @@ impl Txn {
             }
             self.outputs += 1;
         }
-        let origin = &source.origin;
         self.offsets
             .record(&origin.topic, origin.partition, origin.offset);
         self.records += 1;
@@ -211,14 +211,18 @@ impl Txn {
     }
 
     fn send(&mut self, topic: &str, rec: &Record) -> KafkaResult<()> {
-        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-        for (key, value) in &rec.headers {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value),
-            });
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+        // A header list is a native allocation: only build one when there are headers.
+        if !rec.headers.is_empty() {
+            let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+            for (key, value) in &rec.headers {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value),
+                });
+            }
+            record = record.headers(headers);
         }
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).headers(headers);
         if let Some(key) = &rec.key {
             record = record.key(key);
         }
@@ -230,19 +234,51 @@ impl Txn {
         }
         self.bytes +=
             (rec.key.as_ref().map_or(0, Vec::len) + rec.value.as_ref().map_or(0, Vec::len)) as u64;
-        let deadline = Instant::now() + self.settings.operation_timeout;
+        let mut deadline = None;
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if Instant::now() < deadline =>
+                    if Instant::now()
+                        < *deadline.get_or_insert_with(|| {
+                            Instant::now() + self.settings.operation_timeout
+                        }) =>
                 {
                     // The local queue is full: serve delivery reports to make room.
                     record = back;
-                    self.producer.poll(Duration::from_millis(1));
+                    self.await_deliveries();
                 }
                 Err((err, _)) => return Err(err),
             }
+        }
+    }
+
+    /// Serves every delivery report that is ready; when there is none, waits up to a
+    /// millisecond for more, sending lingering batches at once meanwhile.
+    ///
+    /// The wait is `rd_kafka_flush` with a 1 ms timeout: it raises librdkafka's flushing flag
+    /// (linger.ms counts as elapsed, so the transaction's last batches leave now instead of
+    /// after linger.ms) and sleeps on a condition variable. It returns without serving
+    /// anything: delivery reports come as events that only `poll` serves. rust-rdkafka's
+    /// `poll(timeout)` and `flush(timeout)` would do instead: both keep polling until the
+    /// timeout, spinning through its last millisecond, which takes the CPU that the
+    /// deliveries themselves need.
+    fn await_deliveries(&self) {
+        loop {
+            let before = self.producer.in_flight_count();
+            self.producer.poll(Duration::ZERO);
+            let after = self.producer.in_flight_count();
+            if after == 0 {
+                return;
+            }
+            if after >= before {
+                break;
+            }
+        }
+        // SAFETY: the producer's native handle is valid for as long as `self.producer` lives;
+        // rd_kafka_flush is thread-safe and only waits here (delivery reports are events).
+        unsafe {
+            rdkafka::bindings::rd_kafka_flush(self.producer.client().native_ptr(), 1);
         }
     }
 
@@ -314,7 +350,7 @@ impl Txn {
             if Instant::now() >= deadline {
                 return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
             }
-            self.producer.poll(Duration::from_millis(1));
+            self.await_deliveries();
         }
         Ok(())
     }
