@@ -118,6 +118,10 @@ struct BenchArgs {
     /// Give up on a cell after this many seconds.
     #[arg(long, default_value_t = 900)]
     cell_timeout_secs: u64,
+    /// Runs of each pipeline cell, in rounds so the modes alternate; the fastest run is
+    /// reported (other work on the machine only slows runs down).
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
     /// Where to write bench.csv, bench.md and throughput.svg.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -206,6 +210,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
                 probe_rate: args.probe_rate,
                 probe_secs: args.probe_secs,
                 cell_timeout: Duration::from_secs(args.cell_timeout_secs),
+                repeat: args.repeat,
                 out_dir: args.out,
             };
             let results = bench::run(&config)?;

@@ -71,6 +71,9 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         );
         let rss = num(row, "peak_rss_mib");
         assert!(rss > 1.0 && rss < 4096.0, "rss {rss}");
+        let cpu = num(row, "cpu_s");
+        assert!(cpu > 0.0 && cpu < 120.0, "cpu {cpu}");
+        assert_eq!(num(row, "runs"), 1.0);
     }
     // The exactly-once row carries its ratios; Kafka Streams did not run.
     let eos = &rows[3];

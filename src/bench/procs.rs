@@ -17,6 +17,8 @@ pub struct Exit {
     pub code: Option<i32>,
     /// Peak resident set size in KiB.
     pub max_rss_kib: u64,
+    /// CPU time it used, user and system, in seconds.
+    pub cpu_s: f64,
 }
 
 /// A running child whose output is watched for a readiness line.
@@ -32,6 +34,10 @@ pub struct Proc {
 }
 
 const KEPT_LINES: usize = 40;
+
+fn seconds(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 / 1e6
+}
 
 fn pump(
     stream: impl Read + Send + 'static,
@@ -108,6 +114,7 @@ impl Proc {
         self.exit = Some(Exit {
             code,
             max_rss_kib: usage.ru_maxrss.max(0) as u64,
+            cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
         });
         self.exit
     }
@@ -135,6 +142,7 @@ impl Proc {
         let exit = self.reap(true).unwrap_or(Exit {
             code: None,
             max_rss_kib: 0,
+            cpu_s: 0.0,
         });
         for pump in self.pumps.drain(..) {
             let _ = pump.join();

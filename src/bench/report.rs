@@ -62,7 +62,7 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,records,record_bytes,seconds,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,startup_s,eos_over_alos,eos_over_ceiling,onceflow_over_kstreams,error";
+pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,records,record_bytes,seconds,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,cpu_us_per_record,startup_s,runs,eos_over_alos,eos_over_ceiling,onceflow_over_kstreams,error";
 
 /// Writes every cell so far (rewritten after each cell, so an interrupted run keeps its rows).
 pub fn write_csv(path: &Path, results: &[CellResult]) -> Result<(), BenchError> {
@@ -74,7 +74,7 @@ pub fn write_csv(path: &Path, results: &[CellResult]) -> Result<(), BenchError> 
         let e2e = r.e2e.as_ref();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.partitions,
             r.spec.label(),
             r.spec.instances,
@@ -90,7 +90,10 @@ pub fn write_csv(path: &Path, results: &[CellResult]) -> Result<(), BenchError> 
             opt(ms(e2e.and_then(|h| h.percentile(0.5))), 1),
             opt(ms(e2e.and_then(|h| h.percentile(0.99))), 1),
             opt(r.peak_rss_mib, 1),
+            opt(r.cpu_s, 2),
+            opt(r.cpu_us_per_record(), 1),
             opt(r.startup_s, 2),
+            r.runs,
             opt(q.vs_alos, 3),
             opt(q.vs_ceiling, 3),
             opt(q.vs_kstreams, 3),
@@ -202,9 +205,9 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
     }
     let _ = writeln!(
         md,
-        "\n| partitions | mode | records/s | MB/s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | start-up s |"
+        "\n| partitions | mode | records/s | MB/s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | CPU µs / record | start-up s |"
     );
-    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in results {
         let c = r.commit.as_ref();
         let e = r.e2e.as_ref();
@@ -214,7 +217,7 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.partitions,
             r.spec.label(),
             match &r.error {
@@ -239,6 +242,9 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
             ),
             r.peak_rss_mib
                 .map(|v| format!("{v:.0}"))
+                .unwrap_or_else(|| "–".into()),
+            r.cpu_us_per_record()
+                .map(|v| format!("{v:.1}"))
                 .unwrap_or_else(|| "–".into()),
             r.startup_s
                 .map(|v| format!("{v:.1}"))
