@@ -1,7 +1,7 @@
 //! `onceflow bench`: throughput against partition count, next to the broker's ceiling and
 //! Kafka Streams, on one broker in one run.
 //!
-//! For every partition count the bench preloads N records of S bytes into a fresh input topic
+//! After a short warm-up of the broker, for every partition count the bench preloads N records of S bytes into a fresh input topic
 //! (timed: the produce-only ceiling), reads them back (the consume-only ceiling), then runs
 //! each pipeline over the same input, one after another, each with a fresh output topic and
 //! consumer group:
@@ -16,8 +16,8 @@
 //! (start-up, which differs a lot between a native binary and a JVM, is reported apart).
 //! Then a paced probe of timestamped records measures end-to-end latency (input timestamp to
 //! visible to the reader) while the pipeline keeps up, and the children are stopped with
-//! SIGTERM; `wait4` gives each one's peak RSS and onceflow's `--summary-json` its commit
-//! durations.
+//! SIGTERM. Each child's peak RSS (`VmHWM`) is read just before, its CPU time comes from
+//! `wait4`, and onceflow's `--summary-json` gives its commit durations.
 
 mod kafka;
 mod procs;
@@ -341,6 +341,8 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     std::fs::create_dir_all(&work)
         .map_err(|e| BenchError::Io(format!("{}: {e}", work.display())))?;
 
+    warm_up(cfg, bootstrap, &admin, run_id)?;
+
     let specs = plan(cfg);
     let repeat = cfg.repeat.max(1);
     let per_count: usize = specs
@@ -412,6 +414,40 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     report::plot(&cfg.out_dir.join("throughput.svg"), cfg, &results)?;
     println!("{markdown}");
     Ok(results)
+}
+
+/// Writes and reads a throwaway topic first, so the first cell does not pay for a broker that
+/// has just started (class loading, JIT, the transaction and offsets topics' first loads).
+fn warm_up(
+    cfg: &BenchConfig,
+    bootstrap: &str,
+    admin: &Admin,
+    run_id: u64,
+) -> Result<(), BenchError> {
+    let topic = format!("onceflow-bench-{run_id}-warm-up");
+    let records = cfg.records.min(50_000);
+    let partitions = cfg.partitions.iter().copied().max().unwrap_or(1);
+    admin.create_topic(&topic, partitions)?;
+    let result = kafka::preload(
+        bootstrap,
+        &topic,
+        records,
+        cfg.record_size,
+        cfg.tuning,
+        &|_| {},
+    )
+    .and_then(|_| {
+        kafka::consume_all(
+            bootstrap,
+            &topic,
+            partitions,
+            records,
+            cfg.cell_timeout,
+            &|_| {},
+        )
+    });
+    admin.delete_topics(&[&topic])?;
+    result.map(|_| ())
 }
 
 fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
@@ -661,9 +697,11 @@ impl CellCtx<'_> {
         let mut commits = 0;
         let mut rss_kib = 0;
         let mut cpu_s = 0.0;
+        for p in procs.iter() {
+            rss_kib = rss_kib.max(p.peak_rss_kib().unwrap_or(0));
+        }
         for (i, p) in procs.iter_mut().enumerate() {
             let exit = p.terminate(Duration::from_secs(60));
-            rss_kib = rss_kib.max(exit.max_rss_kib);
             cpu_s += exit.cpu_s;
             if exit.code != Some(0) && spec.kind != Kind::KStreams {
                 return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
@@ -688,7 +726,7 @@ impl CellCtx<'_> {
         result.commits = Some(commits);
         result.commit = Some(commit);
         result.e2e = (report.e2e.count() > 0).then_some(report.e2e);
-        result.peak_rss_mib = Some(rss_kib as f64 / 1024.0);
+        result.peak_rss_mib = (rss_kib > 0).then(|| rss_kib as f64 / 1024.0);
         result.cpu_s = Some(cpu_s);
         Ok(())
     }

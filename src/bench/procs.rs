@@ -1,5 +1,9 @@
 //! The pipelines under test run as child processes (`onceflow run`, or the Kafka Streams peer
-//! on the JVM), so each one's peak RSS is its own: `wait4` returns the child's `ru_maxrss`.
+//! on the JVM), so each one's memory and CPU time are its own.
+//!
+//! Peak RSS is the child's `VmHWM` from `/proc/<pid>/status`, read just before it is asked to
+//! stop: `wait4`'s `ru_maxrss` would not do, Linux carries the high-water mark of the image
+//! a child had before `exec` (a copy of the bench process) over into it.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -15,8 +19,6 @@ use super::BenchError;
 pub struct Exit {
     /// Exit status as `wait4` reports it (decoded: `Some(code)` or `None` for a signal).
     pub code: Option<i32>,
-    /// Peak resident set size in KiB.
-    pub max_rss_kib: u64,
     /// CPU time it used, user and system, in seconds.
     pub cpu_s: f64,
 }
@@ -113,10 +115,18 @@ impl Proc {
         let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
         self.exit = Some(Exit {
             code,
-            max_rss_kib: usage.ru_maxrss.max(0) as u64,
             cpu_s: seconds(usage.ru_utime) + seconds(usage.ru_stime),
         });
         self.exit
+    }
+
+    /// The child's peak resident set size so far (`VmHWM`), in KiB; `None` once it is gone.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
     /// `Some` once the child has exited.
@@ -141,7 +151,6 @@ impl Proc {
         }
         let exit = self.reap(true).unwrap_or(Exit {
             code: None,
-            max_rss_kib: 0,
             cpu_s: 0.0,
         });
         for pump in self.pumps.drain(..) {
