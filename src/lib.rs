@@ -20,6 +20,9 @@
 //!   the checks only a broker can answer.
 //! * [`testing`]: runs a pipeline over the records of a cases file, without a broker, and
 //!   compares the outputs (`onceflow test`, and the tests of `topologies/`).
+//! * [`histogram`]: a fixed-size duration histogram (commit durations, benchmark latencies).
+//! * [`bench`]: `onceflow bench`, throughput against partition count next to the broker's
+//!   ceiling and Kafka Streams.
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -27,9 +30,11 @@
 //! per topology and instance: after a crash the restarted instance fences its previous
 //! incarnation and the broker aborts whatever it left open.
 
+pub mod bench;
 pub mod dlq;
 pub mod embedded;
 pub mod engine;
+pub mod histogram;
 pub mod sink;
 pub mod telemetry;
 pub mod testing;

@@ -32,6 +32,10 @@ pub use clients::Identity;
 use retry::Backoff;
 use txn::{Added, Committed, Txn, TxnSettings, TxnStats, lock};
 
+/// How many records the loop handles between two servings of the producer's delivery reports
+/// (and at every idle poll).
+const SERVE_DELIVERIES_EVERY: u32 = 64;
+
 /// Why a job stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -340,6 +344,7 @@ pub fn run(
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
     let mut next_tick = Instant::now();
+    let mut since_poll: u32 = 0;
     let mut first_record: Option<Instant> = None;
     let max_wait = Duration::from_millis(100);
 
@@ -356,6 +361,7 @@ pub fn run(
             break Err(e);
         }
         let mut txn = lock(&txn);
+        let idle = polled.is_none();
         match polled {
             None => {}
             Some(Err(KafkaError::MessageConsumptionFatal(code))) => {
@@ -370,6 +376,7 @@ pub fn run(
                 first_record.get_or_insert_with(Instant::now);
                 let record = to_record(&msg);
                 drop(msg);
+                let consumed_bytes = txn::payload_len(&record);
                 let _record_span = record_span(&record).entered();
                 // Transient failures are retried with backoff; the open transaction commits
                 // first, so it is not held open while waiting.
@@ -429,7 +436,8 @@ pub fn run(
                             handled = true;
                             match txn.add(
                                 &consumer,
-                                &record,
+                                &record.origin,
+                                consumed_bytes,
                                 &[(dead_letter_topic.as_str(), letter)],
                             ) {
                                 Ok(Added::Yes) => telemetry::dead_lettered(e.kind.name()),
@@ -480,14 +488,20 @@ pub fn run(
                         let topic = topics.get(index).copied().unwrap_or_default();
                         (!topic.is_empty()).then_some((topic, r))
                     }));
-                    match txn.add(&consumer, &record, &outputs) {
+                    match txn.add(&consumer, &record.origin, consumed_bytes, &outputs) {
                         Ok(Added::Yes | Added::Aborted) => {}
                         Err(e) => break Err(e),
                     }
                 }
             }
         }
-        txn.poll();
+        // Serving delivery reports costs a few clock reads and a lock: once in a while is
+        // enough (the commit waits for every one of them anyway).
+        since_poll += 1;
+        if since_poll >= SERVE_DELIVERIES_EVERY || idle {
+            txn.poll();
+            since_poll = 0;
+        }
         let now = Instant::now();
         if now >= next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());

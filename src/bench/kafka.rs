@@ -1,0 +1,431 @@
+//! The benchmark's own Kafka clients: topic admin, the preload (which is also the produce-only
+//! ceiling), the consume-only ceiling, the read_committed reader that times every cell, and
+//! the paced probe that measures end-to-end latency.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode as Code;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+
+use super::BenchError;
+use crate::histogram::Histogram;
+
+/// Key prefix of probe records; bulk records have plain decimal keys.
+const PROBE_PREFIX: u8 = b'p';
+/// Key of the probe producer's warm-up record, which the reader skips.
+const WARM_UP: u8 = b'w';
+
+fn client_error(what: &str, e: impl std::fmt::Display) -> BenchError {
+    BenchError::Kafka(format!("{what}: {e}"))
+}
+
+/// Creates and deletes topics.
+pub struct Admin {
+    client: AdminClient<DefaultClientContext>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Admin {
+    pub fn new(bootstrap: &str) -> Result<Admin, BenchError> {
+        let client = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .create()
+            .map_err(|e| client_error("admin client", e))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::Io(format!("async runtime: {e}")))?;
+        Ok(Admin { client, runtime })
+    }
+
+    pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
+        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = self
+            .runtime
+            .block_on(self.client.create_topics([&topic], &opts))
+            .map_err(|e| client_error("create topic", e))?;
+        for r in results {
+            r.map_err(|(t, e)| client_error(&format!("create topic {t}"), e))?;
+        }
+        self.wait_for_leaders(name, partitions)
+    }
+
+    /// Waits until the broker's metadata shows every partition of a new topic with a leader:
+    /// a client that subscribes earlier does not see the topic until its next metadata
+    /// refresh (five minutes by default).
+    fn wait_for_leaders(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = self
+                .client
+                .inner()
+                .fetch_metadata(Some(name), Duration::from_secs(5))
+                .is_ok_and(|m| {
+                    m.topics().iter().any(|t| {
+                        t.name() == name
+                            && t.error().is_none()
+                            && t.partitions().len() == partitions as usize
+                            && t.partitions()
+                                .iter()
+                                .all(|p| p.leader() >= 0 && p.error().is_none())
+                    })
+                });
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::Timeout(format!(
+                    "topic {name} has no leader for every partition"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Deletes topics, ignoring those that do not exist.
+    pub fn delete_topics(&self, names: &[&str]) -> Result<(), BenchError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = self
+            .runtime
+            .block_on(self.client.delete_topics(names, &opts))
+            .map_err(|e| client_error("delete topics", e))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, Code::UnknownTopicOrPartition)) => {}
+                Err((t, e)) => return Err(client_error(&format!("delete topic {t}"), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counts failed deliveries.
+#[derive(Default)]
+struct Failures {
+    count: AtomicU64,
+    first: OnceLock<String>,
+}
+
+impl ClientContext for Failures {}
+
+impl ProducerContext for Failures {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.count.fetch_add(1, Ordering::Relaxed);
+            let _ = self.first.set(e.to_string());
+        }
+    }
+}
+
+/// Producer settings shared by the preload and the pipelines under test.
+#[derive(Debug, Clone, Copy)]
+pub struct ProducerTuning {
+    pub linger_ms: u64,
+    pub batch_size: u64,
+}
+
+fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Failures>, BenchError> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", tuning.linger_ms.to_string())
+        .set("batch.size", tuning.batch_size.to_string())
+        .create_with_context(Failures::default())
+        .map_err(|e| client_error("producer", e))
+}
+
+fn send_all<'a>(
+    producer: &BaseProducer<Failures>,
+    mut record: BaseRecord<'a, [u8], [u8]>,
+) -> Result<(), BenchError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(client_error("produce", e)),
+        }
+    }
+}
+
+fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
+    producer
+        .flush(Duration::from_secs(300))
+        .map_err(|e| client_error("flush", e))?;
+    let failed = producer.context().count.load(Ordering::Relaxed);
+    if failed > 0 {
+        let first = producer.context().first.get().cloned().unwrap_or_default();
+        return Err(BenchError::Kafka(format!(
+            "{failed} records were not delivered (first error: {first})"
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `records` records of `size` bytes (keys: decimal ids) with an idempotent producer
+/// and returns how long it took until every one was acknowledged: the produce-only ceiling.
+pub fn preload(
+    bootstrap: &str,
+    topic: &str,
+    records: u64,
+    size: usize,
+    tuning: ProducerTuning,
+    progress: &dyn Fn(u64),
+) -> Result<Duration, BenchError> {
+    let producer = producer(bootstrap, tuning)?;
+    let value = value_of(size);
+    let started = Instant::now();
+    let mut key = String::new();
+    for id in 0..records {
+        key.clear();
+        key.push_str(&id.to_string());
+        send_all(
+            &producer,
+            BaseRecord::to(topic)
+                .key(key.as_bytes())
+                .payload(&value[..]),
+        )?;
+        if id % 1024 == 0 {
+            producer.poll(Duration::ZERO);
+            progress(id);
+        }
+    }
+    finish(&producer)?;
+    Ok(started.elapsed())
+}
+
+fn value_of(size: usize) -> Vec<u8> {
+    // Not compressible by accident either way: compression is off on both sides.
+    (0..size).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+fn reader(bootstrap: &str, topic: &str, partitions: i32) -> Result<BaseConsumer, BenchError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("onceflow-bench-reader-{}", std::process::id()),
+        )
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| client_error("consumer", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| client_error("assignment", e))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| client_error("assign", e))?;
+    Ok(consumer)
+}
+
+/// Reads `records` records of `topic` with a read_committed consumer, one `poll` per record
+/// like the engine: the consume-only ceiling.
+pub fn consume_all(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    records: u64,
+    timeout: Duration,
+    progress: &dyn Fn(u64),
+) -> Result<Duration, BenchError> {
+    let started = Instant::now();
+    let consumer = reader(bootstrap, topic, partitions)?;
+    let mut seen = 0;
+    while seen < records {
+        if started.elapsed() > timeout {
+            return Err(BenchError::Timeout(format!(
+                "read {seen} of {records} records of {topic}"
+            )));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(_)) => {
+                seen += 1;
+                if seen % 1024 == 0 {
+                    progress(seen);
+                }
+            }
+            Some(Err(e)) => return Err(client_error("consume", e)),
+            None => {}
+        }
+    }
+    Ok(started.elapsed())
+}
+
+/// What the reader of an output topic saw.
+#[derive(Debug, Clone, Copy)]
+pub struct ReaderReport {
+    /// End-to-end latency of the probe records: input timestamp to visible here.
+    pub e2e: Histogram,
+}
+
+/// Reads an output topic with read_committed in the background, counting bulk and probe
+/// records and timing when the last bulk record became visible.
+pub struct OutputReader {
+    pub bulk: Arc<AtomicU64>,
+    pub probes: Arc<AtomicU64>,
+    /// When the `records`-th bulk record became visible.
+    pub all_bulk_at: Arc<OnceLock<Instant>>,
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Result<ReaderReport, BenchError>>>,
+}
+
+impl OutputReader {
+    pub fn start(
+        bootstrap: &str,
+        topic: &str,
+        partitions: i32,
+        records: u64,
+    ) -> Result<OutputReader, BenchError> {
+        let consumer = reader(bootstrap, topic, partitions)?;
+        let bulk = Arc::new(AtomicU64::new(0));
+        let probes = Arc::new(AtomicU64::new(0));
+        let all_bulk_at = Arc::new(OnceLock::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let (bulk, probes, all_bulk_at, stop) = (
+                Arc::clone(&bulk),
+                Arc::clone(&probes),
+                Arc::clone(&all_bulk_at),
+                Arc::clone(&stop),
+            );
+            std::thread::Builder::new()
+                .name("bench-reader".into())
+                .spawn(move || {
+                    let mut e2e = Histogram::default();
+                    let mut seen = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        match consumer.poll(Duration::from_millis(50)) {
+                            Some(Ok(msg)) => {
+                                let first = msg.key().and_then(|k| k.first()).copied();
+                                if first == Some(WARM_UP) {
+                                    continue;
+                                }
+                                if first == Some(PROBE_PREFIX) {
+                                    if let Some(ts) = msg.timestamp().to_millis() {
+                                        let now = SystemTime::now()
+                                            .duration_since(UNIX_EPOCH)
+                                            .map_or(0, |d| d.as_micros() as i64);
+                                        e2e.record_us((now - ts * 1000).max(0) as u64, 1);
+                                    }
+                                    probes.fetch_add(1, Ordering::Relaxed);
+                                } else {
+                                    seen += 1;
+                                    bulk.store(seen, Ordering::Relaxed);
+                                    if seen == records {
+                                        let _ = all_bulk_at.set(Instant::now());
+                                    }
+                                }
+                            }
+                            Some(Err(e)) => return Err(client_error("read output", e)),
+                            None => {}
+                        }
+                    }
+                    Ok(ReaderReport { e2e })
+                })
+                .map_err(|e| BenchError::Io(format!("reader thread: {e}")))?
+        };
+        Ok(OutputReader {
+            bulk,
+            probes,
+            all_bulk_at,
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    pub fn finish(mut self) -> Result<ReaderReport, BenchError> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| BenchError::Io("the reader thread panicked".into()))?,
+            None => Err(BenchError::Io("reader already finished".into())),
+        }
+    }
+}
+
+impl Drop for OutputReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Writes probe records (keys `p<n>`), each stamped with the time it is produced, without
+/// lingering.
+pub struct Prober {
+    producer: BaseProducer<Failures>,
+    topic: String,
+    value: Vec<u8>,
+}
+
+impl Prober {
+    /// Creates the producer and writes one warm-up record (key `w`, which the reader skips),
+    /// so that connecting and getting a producer id do not count as latency later.
+    pub fn new(bootstrap: &str, topic: &str, size: usize) -> Result<Prober, BenchError> {
+        let producer: BaseProducer<Failures> = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "0")
+            .create_with_context(Failures::default())
+            .map_err(|e| client_error("probe producer", e))?;
+        send_all(
+            &producer,
+            BaseRecord::to(topic).key(&[WARM_UP][..]).payload(&[][..]),
+        )?;
+        finish(&producer)?;
+        Ok(Prober {
+            producer,
+            topic: topic.to_string(),
+            value: value_of(size),
+        })
+    }
+
+    /// Writes `count` probe records at `rate` records a second.
+    pub fn run(&self, count: u64, rate: u64) -> Result<(), BenchError> {
+        let started = Instant::now();
+        for n in 0..count {
+            let due = started + Duration::from_secs_f64(n as f64 / rate.max(1) as f64);
+            while let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait.min(Duration::from_millis(5)));
+                self.producer.poll(Duration::ZERO);
+            }
+            let key = format!("p{n}");
+            send_all(
+                &self.producer,
+                BaseRecord::to(&self.topic)
+                    .key(key.as_bytes())
+                    .payload(&self.value[..]),
+            )?;
+            self.producer.poll(Duration::ZERO);
+        }
+        finish(&self.producer)
+    }
+}
