@@ -37,9 +37,9 @@ impl LineMap {
         let mut lines: HashMap<String, usize> = HashMap::new();
         let mut seen: Vec<String> = Vec::new();
         let mut note = |lines: &mut HashMap<String, usize>, p: String, line: usize| {
-            if !lines.contains_key(&p) {
-                seen.push(p.clone());
-                lines.insert(p, line);
+            if let std::collections::hash_map::Entry::Vacant(e) = lines.entry(p) {
+                seen.push(e.key().clone());
+                e.insert(line);
             }
         };
         let mut stack: Vec<Frame> = Vec::new();
