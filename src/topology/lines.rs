@@ -12,6 +12,8 @@ use serde_saphyr::granit_parser::{Event, Parser};
 #[derive(Debug, Default, Clone)]
 pub struct LineMap {
     lines: HashMap<String, usize>,
+    /// Document order of every path, to break ties between paths on one line.
+    order: HashMap<String, usize>,
 }
 
 enum Frame {
@@ -32,7 +34,14 @@ fn child(parent: &str, key: &str) -> String {
 impl LineMap {
     /// Walks `text`; a document that does not parse gives the lines found before the error.
     pub fn build(text: &str) -> LineMap {
-        let mut lines = HashMap::new();
+        let mut lines: HashMap<String, usize> = HashMap::new();
+        let mut seen: Vec<String> = Vec::new();
+        let mut note = |lines: &mut HashMap<String, usize>, p: String, line: usize| {
+            if let std::collections::hash_map::Entry::Vacant(e) = lines.entry(p) {
+                seen.push(e.key().clone());
+                e.insert(line);
+            }
+        };
         let mut stack: Vec<Frame> = Vec::new();
         for next in Parser::new_from_str(text) {
             let Ok((event, span)) = next else { break };
@@ -54,13 +63,13 @@ impl LineMap {
                     if let Some(Frame::Map { path, key }) = stack.last_mut() {
                         if key.is_none() {
                             let p = child(path, &value);
-                            lines.entry(p).or_insert(line);
+                            note(&mut lines, p, line);
                             *key = Some(value.into_owned());
                             continue;
                         }
                     }
                     if let Some(p) = node_path(&mut stack) {
-                        lines.entry(p).or_insert(line);
+                        note(&mut lines, p, line);
                     }
                 }
                 Event::Alias(_) => {
@@ -68,12 +77,12 @@ impl LineMap {
                 }
                 Event::MappingStart(..) => {
                     let p = node_path(&mut stack).unwrap_or_default();
-                    lines.entry(p.clone()).or_insert(line);
+                    note(&mut lines, p.clone(), line);
                     stack.push(Frame::Map { path: p, key: None });
                 }
                 Event::SequenceStart(..) => {
                     let p = node_path(&mut stack).unwrap_or_default();
-                    lines.entry(p.clone()).or_insert(line);
+                    note(&mut lines, p.clone(), line);
                     stack.push(Frame::Seq { path: p, next: 0 });
                 }
                 Event::MappingEnd | Event::SequenceEnd => {
@@ -82,7 +91,8 @@ impl LineMap {
                 _ => {}
             }
         }
-        LineMap { lines }
+        let order = seen.into_iter().enumerate().map(|(i, p)| (p, i)).collect();
+        LineMap { lines, order }
     }
 
     /// The line of `path`, or of its closest ancestor present in the file (a field left out
@@ -100,13 +110,16 @@ impl LineMap {
 }
 
 impl LineMap {
-    /// The deepest field path that starts on `line`.
+    /// The deepest field path that starts on `line`; of several, the first in the file.
     pub fn path_at(&self, line: usize) -> Option<String> {
         self.lines
             .iter()
             .filter(|(_, l)| **l == line)
             .map(|(p, _)| p)
-            .max_by_key(|p| (p.matches(['.', '[']).count(), p.len()))
+            .max_by_key(|p| {
+                let first = usize::MAX - self.order.get(*p).copied().unwrap_or(usize::MAX);
+                (p.matches(['.', '[']).count(), first)
+            })
             .cloned()
     }
 }
