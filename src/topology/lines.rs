@@ -8,10 +8,10 @@ use std::collections::HashMap;
 
 use serde_saphyr::granit_parser::{Event, Parser};
 
-/// The line (1-based) of every field path of a YAML document.
+/// The line and column (1-based) where every field path of a YAML document starts.
 #[derive(Debug, Default, Clone)]
 pub struct LineMap {
-    lines: HashMap<String, usize>,
+    lines: HashMap<String, (usize, usize)>,
 }
 
 enum Frame {
@@ -36,7 +36,7 @@ impl LineMap {
         let mut stack: Vec<Frame> = Vec::new();
         for next in Parser::new_from_str(text) {
             let Ok((event, span)) = next else { break };
-            let line = span.start.line();
+            let line = (span.start.line(), span.start.col() + 1);
             // The path of a value node starting here.
             let node_path = |stack: &mut Vec<Frame>| -> Option<String> {
                 match stack.last_mut() {
@@ -90,7 +90,7 @@ impl LineMap {
     pub fn line_of(&self, path: &str) -> Option<usize> {
         let mut p = path;
         loop {
-            if let Some(line) = self.lines.get(p) {
+            if let Some((line, _)) = self.lines.get(p) {
                 return Some(*line);
             }
             let cut = p.rfind(['.', '['])?;
@@ -100,14 +100,15 @@ impl LineMap {
 }
 
 impl LineMap {
-    /// The deepest field path that starts on `line`.
-    pub fn path_at(&self, line: usize) -> Option<String> {
+    /// The field path of what is at `line` and `column`: of the paths starting on that line
+    /// at or before the column, the last one to start (the deepest, when several start at
+    /// the same place).
+    pub fn path_at(&self, line: usize, column: usize) -> Option<String> {
         self.lines
             .iter()
-            .filter(|(_, l)| **l == line)
-            .map(|(p, _)| p)
-            .max_by_key(|p| (p.matches(['.', '[']).count(), p.len()))
-            .cloned()
+            .filter(|(_, (l, c))| *l == line && *c <= column)
+            .max_by_key(|(p, (_, c))| (*c, p.matches(['.', '[']).count(), p.len()))
+            .map(|(p, _)| p.clone())
     }
 }
 
@@ -124,6 +125,10 @@ mod tests {
         assert_eq!(map.line_of("pipeline[1].route.routes[0].to[1]"), Some(7));
         assert_eq!(map.line_of("pipeline[1].route.default"), Some(8));
         assert_eq!(map.line_of("kafka.consumer.isolation.level"), Some(10));
+        assert_eq!(map.line_of("pipeline[1].route.routes[0].when"), Some(6));
+        let flow = LineMap::build("inputs: [{topic: '${X}', codec: json}]\n");
+        assert_eq!(flow.path_at(1, 19).as_deref(), Some("inputs[0].topic"));
+        assert_eq!(flow.path_at(1, 30).as_deref(), Some("inputs[0].codec"));
         // absent field: the closest ancestor
         assert_eq!(map.line_of("pipeline[1].route.mode"), Some(4));
         assert_eq!(map.line_of("runtime.commit_interval_ms"), None);
