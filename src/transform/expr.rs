@@ -405,7 +405,7 @@ fn field_val<'b>(value: ValueRef<'b, '_>, path: &str) -> Option<Box<dyn Val + 'b
 /// reports a missing key, or tests presence: it stands as null.
 fn field_to_val<'b>(field: &'b Field<'_>) -> Box<dyn Val + 'b> {
     match field {
-        Field::Raw(raw) => raw_val(raw.get()).unwrap_or_else(|| Box::new(CelNull)),
+        Field::Raw(raw) => raw_val(raw).unwrap_or_else(|| Box::new(CelNull)),
         Field::Object(doc) => doc_val(doc, None),
         Field::Value(json) => json_val(json),
     }

@@ -8,6 +8,7 @@
 
 pub mod doc;
 pub mod expr;
+pub mod scan;
 
 use std::collections::HashMap;
 
