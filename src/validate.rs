@@ -92,7 +92,9 @@ pub fn check_text(
         diagnostics.push(Diagnostic {
             file: file.to_string(),
             line: Some(issue.line),
-            path: raw_lines.path_at(issue.line).unwrap_or_default(),
+            path: raw_lines
+                .path_at(issue.line, issue.column)
+                .unwrap_or_default(),
             message: issue.message,
         });
     }
@@ -100,11 +102,15 @@ pub fn check_text(
     let topology = match Topology::parse_unchecked(&text) {
         Ok(t) => t,
         Err(e) => {
-            let line = e.location().map(|l| l.line() as usize);
+            let at = e
+                .location()
+                .map(|l| (l.line() as usize, l.column() as usize));
             diagnostics.push(Diagnostic {
                 file: file.to_string(),
-                line,
-                path: line.and_then(|l| lines.path_at(l)).unwrap_or_default(),
+                line: at.map(|(l, _)| l),
+                path: at
+                    .and_then(|(l, c)| lines.path_at(l, c))
+                    .unwrap_or_default(),
                 message: first_line(&e.to_string()),
             });
             return Checked {

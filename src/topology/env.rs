@@ -14,6 +14,8 @@
 pub struct EnvIssue {
     /// 1-based line of the `${...}`.
     pub line: usize,
+    /// 1-based column (in characters) of its `$`.
+    pub column: usize,
     /// The variable's name (empty when the reference itself is malformed).
     pub variable: String,
     /// What is wrong and what to do.
@@ -41,11 +43,16 @@ pub fn interpolate(
 ) -> (String, Vec<EnvIssue>) {
     let mut out = String::with_capacity(text.len());
     let mut issues = Vec::new();
-    let mut line = 1;
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
         let before = &rest[..pos];
-        line += before.matches('\n').count();
+        // Where this `$` is, for messages (files are small: counting from the start is fine).
+        let upto = &text[..text.len() - rest.len() + pos];
+        let line = upto.matches('\n').count() + 1;
+        let column = upto[upto.rfind('\n').map_or(0, |i| i + 1)..]
+            .chars()
+            .count()
+            + 1;
         out.push_str(before);
         let after = &rest[pos + 1..];
         if let Some(tail) = after.strip_prefix('$') {
@@ -62,6 +69,7 @@ pub fn interpolate(
         let Some(end) = body_and_tail[..line_end].find('}') else {
             issues.push(EnvIssue {
                 line,
+                column,
                 variable: String::new(),
                 message: "`${` without a closing `}`".into(),
             });
@@ -78,6 +86,7 @@ pub fn interpolate(
         if !is_var_name(name) {
             issues.push(EnvIssue {
                 line,
+                column,
                 variable: name.to_string(),
                 message: format!(
                     "`${{{body}}}` is not a variable reference (use `$$` for a literal `$`)"
@@ -95,6 +104,7 @@ pub fn interpolate(
                     let message = &op[2..];
                     issues.push(EnvIssue {
                         line,
+                        column,
                         variable: name.to_string(),
                         message: if message.is_empty() {
                             format!("environment variable {name} is unset or empty")
@@ -106,6 +116,7 @@ pub fn interpolate(
             }
             (None, Some(op)) => issues.push(EnvIssue {
                 line,
+                column,
                 variable: name.to_string(),
                 message: format!(
                     "`{op}` after {name}: only `${{VAR}}`, `${{VAR:-default}}` and `${{VAR:?message}}` are understood"
@@ -116,6 +127,7 @@ pub fn interpolate(
                 if strictness == Strictness::Strict {
                     issues.push(EnvIssue {
                         line,
+                        column,
                         variable: name.to_string(),
                         message: format!(
                             "environment variable {name} is not set (give a default with ${{{name}:-default}})"
@@ -165,6 +177,7 @@ mod tests {
         let (_, issues) = run("a: 1\nb: ${NOPE}\nc: ${GONE:?set it to the region}\n");
         assert_eq!(issues.len(), 2);
         assert_eq!((issues[0].line, issues[0].variable.as_str()), (2, "NOPE"));
+        assert_eq!(issues[0].column, 4);
         assert!(issues[0].message.contains("NOPE"));
         assert_eq!((issues[1].line, issues[1].variable.as_str()), (3, "GONE"));
         assert!(issues[1].message.contains("set it to the region"));

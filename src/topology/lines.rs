@@ -8,12 +8,10 @@ use std::collections::HashMap;
 
 use serde_saphyr::granit_parser::{Event, Parser};
 
-/// The line (1-based) of every field path of a YAML document.
+/// The line and column (1-based) where every field path of a YAML document starts.
 #[derive(Debug, Default, Clone)]
 pub struct LineMap {
-    lines: HashMap<String, usize>,
-    /// Document order of every path, to break ties between paths on one line.
-    order: HashMap<String, usize>,
+    lines: HashMap<String, (usize, usize)>,
 }
 
 enum Frame {
@@ -34,18 +32,11 @@ fn child(parent: &str, key: &str) -> String {
 impl LineMap {
     /// Walks `text`; a document that does not parse gives the lines found before the error.
     pub fn build(text: &str) -> LineMap {
-        let mut lines: HashMap<String, usize> = HashMap::new();
-        let mut seen: Vec<String> = Vec::new();
-        let mut note = |lines: &mut HashMap<String, usize>, p: String, line: usize| {
-            if let std::collections::hash_map::Entry::Vacant(e) = lines.entry(p) {
-                seen.push(e.key().clone());
-                e.insert(line);
-            }
-        };
+        let mut lines = HashMap::new();
         let mut stack: Vec<Frame> = Vec::new();
         for next in Parser::new_from_str(text) {
             let Ok((event, span)) = next else { break };
-            let line = span.start.line();
+            let line = (span.start.line(), span.start.col() + 1);
             // The path of a value node starting here.
             let node_path = |stack: &mut Vec<Frame>| -> Option<String> {
                 match stack.last_mut() {
@@ -63,13 +54,13 @@ impl LineMap {
                     if let Some(Frame::Map { path, key }) = stack.last_mut() {
                         if key.is_none() {
                             let p = child(path, &value);
-                            note(&mut lines, p, line);
+                            lines.entry(p).or_insert(line);
                             *key = Some(value.into_owned());
                             continue;
                         }
                     }
                     if let Some(p) = node_path(&mut stack) {
-                        note(&mut lines, p, line);
+                        lines.entry(p).or_insert(line);
                     }
                 }
                 Event::Alias(_) => {
@@ -77,12 +68,12 @@ impl LineMap {
                 }
                 Event::MappingStart(..) => {
                     let p = node_path(&mut stack).unwrap_or_default();
-                    note(&mut lines, p.clone(), line);
+                    lines.entry(p.clone()).or_insert(line);
                     stack.push(Frame::Map { path: p, key: None });
                 }
                 Event::SequenceStart(..) => {
                     let p = node_path(&mut stack).unwrap_or_default();
-                    note(&mut lines, p.clone(), line);
+                    lines.entry(p.clone()).or_insert(line);
                     stack.push(Frame::Seq { path: p, next: 0 });
                 }
                 Event::MappingEnd | Event::SequenceEnd => {
@@ -91,8 +82,7 @@ impl LineMap {
                 _ => {}
             }
         }
-        let order = seen.into_iter().enumerate().map(|(i, p)| (p, i)).collect();
-        LineMap { lines, order }
+        LineMap { lines }
     }
 
     /// The line of `path`, or of its closest ancestor present in the file (a field left out
@@ -100,7 +90,7 @@ impl LineMap {
     pub fn line_of(&self, path: &str) -> Option<usize> {
         let mut p = path;
         loop {
-            if let Some(line) = self.lines.get(p) {
+            if let Some((line, _)) = self.lines.get(p) {
                 return Some(*line);
             }
             let cut = p.rfind(['.', '['])?;
@@ -110,17 +100,15 @@ impl LineMap {
 }
 
 impl LineMap {
-    /// The deepest field path that starts on `line`; of several, the first in the file.
-    pub fn path_at(&self, line: usize) -> Option<String> {
+    /// The field path of what is at `line` and `column`: of the paths starting on that line
+    /// at or before the column, the last one to start (the deepest, when several start at
+    /// the same place).
+    pub fn path_at(&self, line: usize, column: usize) -> Option<String> {
         self.lines
             .iter()
-            .filter(|(_, l)| **l == line)
-            .map(|(p, _)| p)
-            .max_by_key(|p| {
-                let first = usize::MAX - self.order.get(*p).copied().unwrap_or(usize::MAX);
-                (p.matches(['.', '[']).count(), first)
-            })
-            .cloned()
+            .filter(|(_, (l, c))| *l == line && *c <= column)
+            .max_by_key(|(p, (_, c))| (*c, p.matches(['.', '[']).count(), p.len()))
+            .map(|(p, _)| p.clone())
     }
 }
 
@@ -137,6 +125,10 @@ mod tests {
         assert_eq!(map.line_of("pipeline[1].route.routes[0].to[1]"), Some(7));
         assert_eq!(map.line_of("pipeline[1].route.default"), Some(8));
         assert_eq!(map.line_of("kafka.consumer.isolation.level"), Some(10));
+        assert_eq!(map.line_of("pipeline[1].route.routes[0].when"), Some(6));
+        let flow = LineMap::build("inputs: [{topic: '${X}', codec: json}]\n");
+        assert_eq!(flow.path_at(1, 19).as_deref(), Some("inputs[0].topic"));
+        assert_eq!(flow.path_at(1, 30).as_deref(), Some("inputs[0].codec"));
         // absent field: the closest ancestor
         assert_eq!(map.line_of("pipeline[1].route.mode"), Some(4));
         assert_eq!(map.line_of("runtime.commit_interval_ms"), None);

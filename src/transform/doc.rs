@@ -5,16 +5,16 @@
 //! re-encoded. Field order is kept.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value as Json;
-use serde_json::value::RawValue;
+
+use super::scan;
 
 /// A field: as found in the input, an object opened lazily, or decoded (and maybe changed).
 #[derive(Debug, Clone)]
 pub enum Field<'a> {
-    Raw(&'a RawValue),
+    /// Valid JSON text, as it was in the input.
+    Raw(&'a str),
     /// An object whose own fields are found but not decoded.
     Object(Doc<'a>),
     Value(Json),
@@ -25,7 +25,7 @@ impl<'a> Field<'a> {
     pub fn to_json(&self) -> Json {
         match self {
             // A raw field was validated when the document was parsed.
-            Field::Raw(raw) => serde_json::from_str(raw.get()).unwrap_or(Json::Null),
+            Field::Raw(raw) => serde_json::from_str(raw).unwrap_or(Json::Null),
             Field::Object(doc) => doc.to_json(),
             Field::Value(v) => v.clone(),
         }
@@ -37,14 +37,11 @@ impl<'a> Field<'a> {
         match self {
             Field::Value(_) => true,
             Field::Object(_) => false,
-            Field::Raw(raw) => {
-                let text = raw.get();
-                match text.as_bytes().first() {
-                    Some(b'{' | b'[') => false,
-                    Some(b'"') => !text.contains('\\'),
-                    _ => true,
-                }
-            }
+            Field::Raw(text) => match text.as_bytes().first() {
+                Some(b'{' | b'[') => false,
+                Some(b'"') => !text.contains('\\'),
+                _ => true,
+            },
         }
     }
 
@@ -59,8 +56,8 @@ impl<'a> Field<'a> {
     /// not an object.
     fn open(&mut self) -> bool {
         if let Field::Raw(raw) = self {
-            if raw.get().starts_with('{') {
-                match Doc::parse_str(raw.get()) {
+            if raw.starts_with('{') {
+                match Doc::parse_str(raw) {
                     Ok(doc) => *self = Field::Object(doc),
                     Err(_) => return false,
                 }
@@ -80,25 +77,27 @@ pub enum Doc<'a> {
 }
 
 impl<'a> Doc<'a> {
-    /// Parses (and validates) a document.
-    pub fn parse(bytes: &'a [u8]) -> Result<Doc<'a>, serde_json::Error> {
-        // One UTF-8 check of the whole buffer is much cheaper than one per string, which is
-        // what parsing from bytes does.
-        let text = std::str::from_utf8(bytes).map_err(|e| {
-            serde::de::Error::custom(format!("invalid UTF-8 at byte {}", e.valid_up_to()))
-        })?;
+    /// Parses (and validates) a document; the error says what is wrong and where.
+    pub fn parse(bytes: &'a [u8]) -> Result<Doc<'a>, String> {
+        // One UTF-8 check of the whole buffer, then the scanner works on text.
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| format!("invalid UTF-8 at byte {}", e.valid_up_to()))?;
         Doc::parse_str(text)
     }
 
-    /// Parses (and validates) a document from text.
-    pub fn parse_str(text: &'a str) -> Result<Doc<'a>, serde_json::Error> {
-        let first = text.bytes().find(|b| !b.is_ascii_whitespace());
-        if first == Some(b'{') {
-            let Fields(mut fields) = serde_json::from_str(text)?;
-            dedupe(&mut fields);
-            Ok(Doc::Object(fields))
-        } else {
-            Ok(Doc::Other(serde_json::from_str(text)?))
+    /// Parses (and validates) a document from text: an object is only scanned into its
+    /// fields (see [`scan`]), any other value is decoded.
+    pub fn parse_str(text: &'a str) -> Result<Doc<'a>, String> {
+        match scan::object_fields(text).map_err(|e| e.to_string())? {
+            Some(raw) => {
+                let mut fields: Vec<(Cow<'a, str>, Field<'a>)> =
+                    raw.into_iter().map(|(k, v)| (k, Field::Raw(v))).collect();
+                dedupe(&mut fields);
+                Ok(Doc::Object(fields))
+            }
+            None => serde_json::from_str(text)
+                .map(Doc::Other)
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -283,7 +282,7 @@ impl<'a> Doc<'a> {
                         }
                     }
                     match field {
-                        Field::Raw(raw) => out.extend_from_slice(raw.get().as_bytes()),
+                        Field::Raw(raw) => out.extend_from_slice(raw.as_bytes()),
                         Field::Object(doc) => doc.encode(out)?,
                         Field::Value(v) => serde_json::to_writer(&mut *out, v)?,
                     }
@@ -351,55 +350,6 @@ pub fn type_name(v: &Json) -> &'static str {
         Json::String(_) => "a string",
         Json::Array(_) => "an array",
         Json::Object(_) => "an object",
-    }
-}
-
-/// The top-level fields of an object, borrowed from the input.
-struct Fields<'a>(Vec<(Cow<'a, str>, Field<'a>)>);
-
-/// A key borrowed from the input when it has no escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_string())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(16));
-                while let Some(Key(key)) = map.next_key()? {
-                    let raw: &'de RawValue = map.next_value()?;
-                    fields.push((key, Field::Raw(raw)));
-                }
-                Ok(Fields(fields))
-            }
-        }
-        d.deserialize_map(V)
     }
 }
 

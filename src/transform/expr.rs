@@ -29,8 +29,8 @@ use cel::context::VariableResolver;
 use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
 use serde_json::Value as Json;
 
-use super::Origin;
-use super::doc::{Doc, Field};
+use super::doc::{Doc, Field, type_name};
+use super::{ErrorKind, Origin};
 
 /// The variables an expression can use.
 pub const VARIABLES: &[&str] = &[
@@ -83,6 +83,9 @@ struct Uses {
 
 /// A compiled expression.
 pub struct Expression {
+    /// `Some` when the expression is only a path into the value (`value.customer.id`): it is
+    /// then looked up directly, without the interpreter.
+    path: Option<Vec<String>>,
     source: String,
     program: Program,
     env: Arc<Env>,
@@ -148,7 +151,9 @@ impl Expression {
                 VARIABLES.join(", ")
             ));
         }
+        let path = value_path(program.expression(), &[]).filter(|p| !p.is_empty());
         Ok(Expression {
+            path,
             source: source.to_string(),
             program,
             env,
@@ -182,6 +187,99 @@ impl Expression {
         self.program.execute(&ctx)
     }
 
+    /// Evaluates the expression to JSON (see [`to_json`]).
+    pub fn eval_json(&self, scope: &Scope<'_, '_>) -> Result<Json, (ErrorKind, String)> {
+        if let Some(found) = self.lookup(scope) {
+            return found.map(|f| f.to_json());
+        }
+        let v = self.eval(scope).map_err(|e| self.failure(e))?;
+        to_json(&v).map_err(|m| (ErrorKind::WrongType, format!("`{}`: {m}", self.source)))
+    }
+
+    /// Evaluates the expression to key or header bytes (see [`to_bytes`]).
+    pub fn eval_bytes(
+        &self,
+        scope: &Scope<'_, '_>,
+    ) -> Result<Option<Vec<u8>>, (ErrorKind, String)> {
+        if let Some(found) = self.lookup(scope) {
+            return found.map(|f| json_bytes(&f.to_json()));
+        }
+        let v = self.eval(scope).map_err(|e| self.failure(e))?;
+        to_bytes(&v).map_err(|m| (ErrorKind::WrongType, format!("`{}`: {m}", self.source)))
+    }
+
+    /// The kind and message of this expression failing on a record.
+    pub fn failure(&self, err: ExecutionError) -> (ErrorKind, String) {
+        use ExecutionError as E;
+        let kind = match &err {
+            E::NoSuchKey(_) => ErrorKind::MissingField,
+            E::UnexpectedType { .. }
+            | E::NoSuchOverload(_)
+            | E::UnsupportedBinaryOperator(..)
+            | E::ValuesNotComparable(..)
+            | E::UnsupportedTargetType { .. }
+            | E::NotSupportedAsMethod { .. }
+            | E::UnsupportedIndex(..)
+            | E::UnsupportedKeyType(_) => ErrorKind::WrongType,
+            _ => ErrorKind::Expression,
+        };
+        (kind, format!("`{}` failed: {err}", self.source))
+    }
+
+    /// A path-only expression looked up in a JSON value: `None` when it does not apply (not
+    /// a path, or no JSON value), and the interpreter must run.
+    fn lookup<'x>(
+        &self,
+        scope: &Scope<'x, '_>,
+    ) -> Option<Result<Found<'x, 'x>, (ErrorKind, String)>> {
+        let path = self.path.as_ref()?;
+        let ValueRef::Json(Some(doc)) = scope.value else {
+            return None;
+        };
+        let missing = |part: &str| {
+            Err((
+                ErrorKind::MissingField,
+                format!("`{}` failed: No such key: {part}", self.source),
+            ))
+        };
+        let not_object = |what: &str| {
+            Err((
+                ErrorKind::WrongType,
+                format!("`{}` failed: {what} has no fields", self.source),
+            ))
+        };
+        let mut current = Found::Doc(doc);
+        for part in path {
+            current = match current {
+                Found::Doc(Doc::Object(_)) => match current.doc_get(part) {
+                    Some(f) => f,
+                    None => return Some(missing(part)),
+                },
+                Found::Doc(Doc::Other(json)) | Found::Json(json) => match json {
+                    Json::Object(map) => match map.get(part.as_str()) {
+                        Some(v) => Found::Json(v),
+                        None => return Some(missing(part)),
+                    },
+                    other => return Some(not_object(type_name(other))),
+                },
+                Found::Field(Field::Object(inner)) => match inner.get(part) {
+                    Some(f) => Found::Field(f),
+                    None => return Some(missing(part)),
+                },
+                Found::Field(Field::Value(json)) => match json {
+                    Json::Object(map) => match map.get(part.as_str()) {
+                        Some(v) => Found::Json(v),
+                        None => return Some(missing(part)),
+                    },
+                    other => return Some(not_object(type_name(other))),
+                },
+                // Not opened: let the interpreter do it (and say what is wrong).
+                Found::Field(Field::Raw(_)) => return None,
+            };
+        }
+        Some(Ok(current))
+    }
+
     /// Evaluates a predicate: `Ok(None)` when the result is not a bool.
     pub fn eval_bool(&self, scope: &Scope<'_, '_>) -> Result<Option<bool>, ExecutionError> {
         let resolver = Resolver {
@@ -192,6 +290,48 @@ impl Expression {
         ctx.set_variable_resolver(&resolver);
         let result = Value::resolve_val(self.program.expression(), &ctx)?;
         Ok(result.downcast_ref::<CelBool>().map(|b| bool::from(*b)))
+    }
+}
+
+/// What a path-only expression found.
+enum Found<'x, 'a> {
+    Doc(&'x Doc<'a>),
+    Field(&'x Field<'a>),
+    Json(&'x Json),
+}
+
+impl<'x, 'a> Found<'x, 'a> {
+    fn doc_get(&self, key: &str) -> Option<Found<'x, 'a>> {
+        match self {
+            Found::Doc(doc) => doc.get(key).map(Found::Field),
+            _ => None,
+        }
+    }
+
+    fn to_json(&self) -> Json {
+        match self {
+            Found::Doc(doc) => doc.to_json(),
+            Found::Field(f) => f.to_json(),
+            Found::Json(j) => (*j).clone(),
+        }
+    }
+}
+
+/// JSON as key or header bytes, like [`to_bytes`] of the same value in CEL.
+fn json_bytes(json: &Json) -> Option<Vec<u8>> {
+    match json {
+        Json::Null => None,
+        Json::String(s) => Some(s.as_bytes().to_vec()),
+        Json::Bool(b) => Some(b.to_string().into_bytes()),
+        Json::Number(n) => Some(
+            match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => i.to_string(),
+                (None, Some(u)) => u.to_string(),
+                _ => n.as_f64().unwrap_or(f64::NAN).to_string(),
+            }
+            .into_bytes(),
+        ),
+        other => serde_json::to_vec(other).ok(),
     }
 }
 
@@ -265,7 +405,7 @@ fn field_val<'b>(value: ValueRef<'b, '_>, path: &str) -> Option<Box<dyn Val + 'b
 /// reports a missing key, or tests presence: it stands as null.
 fn field_to_val<'b>(field: &'b Field<'_>) -> Box<dyn Val + 'b> {
     match field {
-        Field::Raw(raw) => raw_val(raw.get()).unwrap_or_else(|| Box::new(CelNull)),
+        Field::Raw(raw) => raw_val(raw).unwrap_or_else(|| Box::new(CelNull)),
         Field::Object(doc) => doc_val(doc, None),
         Field::Value(json) => json_val(json),
     }
@@ -614,6 +754,55 @@ mod tests {
         assert!(err.contains("valu"), "{err}");
         let err = Expression::compile("value.a ==").unwrap_err();
         assert!(err.contains("not a valid CEL expression"), "{err}");
+    }
+
+    #[test]
+    fn path_only_expressions_are_looked_up_like_the_interpreter_would() {
+        let v = serde_json::json!({"a": {"b": 1.5, "c": "x"}, "n": 7, "s": "t"});
+        let text = v.to_string();
+        let mut doc = Doc::parse(text.as_bytes()).unwrap();
+        let origin = origin();
+        for (src, json, bytes) in [
+            ("value.a.b", serde_json::json!(1.5), Some(b"1.5".to_vec())),
+            ("value.a.c", serde_json::json!("x"), Some(b"x".to_vec())),
+            ("value.n", serde_json::json!(7), Some(b"7".to_vec())),
+            ("value.a", serde_json::json!({"b": 1.5, "c": "x"}), None),
+        ] {
+            let e = Expression::compile(src).unwrap();
+            assert!(e.path.is_some(), "{src}");
+            if let Needs::Paths(paths) = e.needs() {
+                paths.iter().for_each(|p| doc.prepare(p));
+            }
+            let scope = Scope {
+                value: ValueRef::Json(Some(&doc)),
+                key: None,
+                headers: &[],
+                timestamp: None,
+                origin: &origin,
+            };
+            assert_eq!(e.eval_json(&scope).unwrap(), json, "{src}");
+            let interpreted = to_json(&e.eval(&scope).unwrap()).unwrap();
+            assert_eq!(interpreted, json, "{src}");
+            if let Some(bytes) = bytes {
+                assert_eq!(e.eval_bytes(&scope).unwrap(), Some(bytes.clone()), "{src}");
+                assert_eq!(
+                    to_bytes(&e.eval(&scope).unwrap()).unwrap(),
+                    Some(bytes),
+                    "{src}"
+                );
+            }
+        }
+        let scope = Scope {
+            value: ValueRef::Json(Some(&doc)),
+            key: None,
+            headers: &[],
+            timestamp: None,
+            origin: &origin,
+        };
+        let e = Expression::compile("value.nope.x").unwrap();
+        assert_eq!(e.eval_json(&scope).unwrap_err().0, ErrorKind::MissingField);
+        let e = Expression::compile("value.s.x").unwrap();
+        assert_eq!(e.eval_json(&scope).unwrap_err().0, ErrorKind::WrongType);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod doc;
 pub mod expr;
+pub mod scan;
 
 use std::collections::HashMap;
 
@@ -431,12 +432,15 @@ impl Pipeline {
                 stage: Stage::Processor { index, name },
                 message,
             };
-            let eval = |e: &Expression, work: &mut Work<'_>| {
+            let eval_json = |e: &Expression, work: &mut Work<'_>| {
                 work.prepare(e);
-                e.eval(&work.scope()).map_err(|err| {
-                    let (kind, message) = eval_error(e, err);
-                    fail(kind, message)
-                })
+                e.eval_json(&work.scope())
+                    .map_err(|(kind, message)| fail(kind, message))
+            };
+            let eval_bytes = |e: &Expression, work: &mut Work<'_>| {
+                work.prepare(e);
+                e.eval_bytes(&work.scope())
+                    .map_err(|(kind, message)| fail(kind, message))
             };
             match step {
                 Step::Filter(e) => {
@@ -451,7 +455,7 @@ impl Pipeline {
                             ));
                         }
                         Err(err) => {
-                            let (kind, message) = eval_error(e, err);
+                            let (kind, message) = e.failure(err);
                             return Err(fail(kind, message));
                         }
                     }
@@ -459,10 +463,7 @@ impl Pipeline {
                 Step::Map(fields) => {
                     let mut values = Vec::with_capacity(fields.len());
                     for (_, e) in fields {
-                        let v = eval(e, &mut work)?;
-                        values.push(expr::to_json(&v).map_err(|m| {
-                            fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
-                        })?);
+                        values.push(eval_json(e, &mut work)?);
                     }
                     let doc = json_mut(&mut work, &fail)?;
                     for ((path, _), v) in fields.iter().zip(values) {
@@ -488,10 +489,7 @@ impl Pipeline {
                     }
                 }
                 Step::SetKey(e) => {
-                    let v = eval(e, &mut work)?;
-                    work.key = expr::to_bytes(&v).map_err(|m| {
-                        fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
-                    })?;
+                    work.key = eval_bytes(e, &mut work)?;
                 }
                 Step::SetHeader {
                     name: header,
@@ -499,14 +497,7 @@ impl Pipeline {
                 } => {
                     let bytes = match value {
                         HeaderValue::Fixed(b) => b.clone(),
-                        HeaderValue::Computed(e) => {
-                            let v = eval(e, &mut work)?;
-                            expr::to_bytes(&v)
-                                .map_err(|m| {
-                                    fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source()))
-                                })?
-                                .unwrap_or_default()
-                        }
+                        HeaderValue::Computed(e) => eval_bytes(e, &mut work)?.unwrap_or_default(),
                     };
                     work.headers.retain(|(n, _)| n != header);
                     work.headers.push((header.clone(), bytes));
@@ -605,7 +596,7 @@ impl Pipeline {
                     ));
                 }
                 Err(err) => {
-                    let (kind, message) = eval_error(e, err);
+                    let (kind, message) = e.failure(err);
                     return Err(fail(kind, message));
                 }
             };
@@ -658,12 +649,8 @@ impl Pipeline {
             None => work.key.clone(),
             Some(e) => {
                 work.prepare(e);
-                let v = e.eval(&work.scope()).map_err(|err| {
-                    let (kind, message) = eval_error(e, err);
-                    fail(kind, message)
-                })?;
-                expr::to_bytes(&v)
-                    .map_err(|m| fail(ErrorKind::WrongType, format!("`{}`: {m}", e.source())))?
+                e.eval_bytes(&work.scope())
+                    .map_err(|(kind, message)| fail(kind, message))?
             }
         };
         let value = match (spec.codec, &work.body) {
@@ -711,24 +698,6 @@ impl Pipeline {
         ));
         Ok(())
     }
-}
-
-/// The kind and message of an expression that failed on a record.
-fn eval_error(e: &Expression, err: cel::ExecutionError) -> (ErrorKind, String) {
-    use cel::ExecutionError as E;
-    let kind = match &err {
-        E::NoSuchKey(_) => ErrorKind::MissingField,
-        E::UnexpectedType { .. }
-        | E::NoSuchOverload(_)
-        | E::UnsupportedBinaryOperator(..)
-        | E::ValuesNotComparable(..)
-        | E::UnsupportedTargetType { .. }
-        | E::NotSupportedAsMethod { .. }
-        | E::UnsupportedIndex(..)
-        | E::UnsupportedKeyType(_) => ErrorKind::WrongType,
-        _ => ErrorKind::Expression,
-    };
-    (kind, format!("`{}` failed: {err}", e.source()))
 }
 
 /// The JSON document of `work`, for a processor that changes it.
