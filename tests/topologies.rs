@@ -279,15 +279,16 @@ fn clicks_skip_bad_records_when_told_to() {
 }
 
 #[test]
-fn a_bad_record_stops_the_job_with_its_origin_by_default() {
+fn a_bad_record_stops_the_job_with_its_origin_under_on_error_fail() {
     let input = unique("fail-in");
     let output = unique("fail-out");
     create_topics(&[&input], 1);
     create_topics(&[&output], PARTITIONS);
-    let topology = load(
+    let mut topology = load(
         "order-lines.yaml",
         &[("ORDERS_TOPIC", &input), ("LINES_TOPIC", &output)],
     );
+    topology.runtime.on_error = onceflow::topology::OnError::Fail;
     let records = (0..300u64).map(|order| {
         let value = if order == 200 {
             r#"{"order_id":200,"items":"#.to_string()

@@ -176,6 +176,31 @@ fn to_record(msg: &BorrowedMessage<'_>) -> Record {
     }
 }
 
+/// Every topic the job writes to must exist: a send to a missing topic fails every
+/// transaction that holds it, and the job would abort and rewind forever.
+fn check_topics_exist<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topics: &[&str],
+    what: &str,
+    timeout: Duration,
+) -> Result<(), EngineError> {
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| EngineError::Client(format!("cannot read metadata of {topic}: {e}")))?;
+        let exists = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == *topic && t.error().is_none() && !t.partitions().is_empty());
+        if !exists {
+            return Err(EngineError::Config(format!(
+                "topic `{topic}`, {what}, does not exist: create it first"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The failure the transient failpoint injects.
 fn injected_failure() -> TransformError {
     TransformError {
@@ -318,6 +343,21 @@ pub fn run(
     let consumer: BaseConsumer<EngineContext> = consumer_config
         .create_with_context(context)
         .map_err(|e| EngineError::Client(format!("cannot create the consumer: {e}")))?;
+    let dead_letter_topic = topology.dead_letter_topic();
+    let metadata_timeout = Duration::from_millis(runtime.transaction_timeout_ms);
+    let outputs_wanted: Vec<&str> = topology
+        .output_topics()
+        .into_iter()
+        .filter(|t| !t.is_empty())
+        .collect();
+    check_topics_exist(
+        &consumer,
+        &outputs_wanted,
+        "an output topic",
+        metadata_timeout,
+    )?;
+    // Checked when the first record needs it: a job without poison records needs none.
+    let mut dead_letter_checked = false;
     let inputs = topology.input_topics();
     consumer
         .subscribe(&inputs)
@@ -332,7 +372,6 @@ pub fn run(
     let topics = topology.output_topics();
     let mut produced: Vec<(usize, Record)> = Vec::new();
     let mut skipped: u64 = 0;
-    let dead_letter_topic = topology.dead_letter_topic();
     let backoff = Backoff {
         initial: Duration::from_millis(runtime.retry_backoff_ms),
         max: Duration::from_millis(runtime.retry_backoff_max_ms),
@@ -420,6 +459,23 @@ pub fn run(
                     match runtime.on_error {
                         OnError::DeadLetter => {
                             produced.clear();
+                            if !dead_letter_checked {
+                                if let Err(err) = check_topics_exist(
+                                    &consumer,
+                                    &[dead_letter_topic.as_str()],
+                                    "the dead-letter topic (dead_letter.topic; or set runtime.on_error to fail or skip)",
+                                    metadata_timeout,
+                                ) {
+                                    // Nothing of this record is committed: it comes again.
+                                    let _ = txn.abort_and_rewind(
+                                        &consumer,
+                                        AbortReason::TransformFailed,
+                                        &err.to_string(),
+                                    );
+                                    break Err(err);
+                                }
+                                dead_letter_checked = true;
+                            }
                             let letter = dlq::dead_letter(
                                 &record,
                                 &dlq::Failure {
