@@ -98,7 +98,7 @@ fn terminate(mut child: Child) {
 
 #[test]
 fn sigkilled_job_restarts_without_loss_or_duplicates() {
-    let s = setup("crash", 60_000, "  max_records_per_txn: 1000\n");
+    let s = setup("crash", 200_000, "  max_records_per_txn: 1000\n");
     let mut rng = rand::rng();
     let mut kills_mid_run = 0;
     for round in 0..8 {
