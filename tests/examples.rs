@@ -1,5 +1,5 @@
 //! Every topology of `topologies/` is validated (as `onceflow validate` does) and run over its
-//! cases file (as `onceflow test` does). No broker needed.
+//! cases file `topologies/cases/<name>.yaml` (as `onceflow test` does). No broker needed.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +14,7 @@ fn examples() -> Vec<PathBuf> {
         .map(|e| e.expect("entry").path())
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            name.ends_with(".yaml") && !name.ends_with(".cases.yaml")
+            name.ends_with(".yaml")
         })
         .collect();
     files.sort();
@@ -22,7 +22,12 @@ fn examples() -> Vec<PathBuf> {
 }
 
 fn cases_of(topology: &Path) -> PathBuf {
-    topology.with_extension("cases.yaml")
+    let name = topology.file_name().expect("a file name");
+    topology
+        .parent()
+        .expect("topologies/")
+        .join("cases")
+        .join(name)
 }
 
 #[test]

@@ -3,8 +3,10 @@
 //! pairs to a vector, so every processor is tested with plain values.
 //!
 //! A record's value is decoded once on entry (per its input's codec), every processor works on
-//! the decoded form (`serde_json::Value` for JSON), and it is encoded once per output record.
-//! Expressions are CEL, compiled once by [`Pipeline::compile`] (see [`expr`]).
+//! the decoded form, and it is encoded once per output record. A JSON value is a lazily
+//! decoded [`doc::Doc`]: validated by [`scan`] in one pass, its fields decoded only when a
+//! processor or an expression needs them. Expressions are CEL, compiled once by
+//! [`Pipeline::compile`] (see [`expr`]).
 
 pub mod doc;
 pub mod expr;

@@ -25,10 +25,12 @@ fn err<T>(at: usize, what: &'static str) -> Result<T, ScanError> {
     Err(ScanError { at, what })
 }
 
-/// The top-level fields of the object `text` is, as (key, raw value text) pairs in order, or
-/// `None` when the document is valid but not an object.
-#[allow(clippy::type_complexity)]
-pub fn object_fields(text: &str) -> Result<Option<Vec<(Cow<'_, str>, &str)>>, ScanError> {
+/// The fields of an object: (key, raw value text) pairs, in order.
+pub type RawFields<'a> = Vec<(Cow<'a, str>, &'a str)>;
+
+/// The top-level fields of the object `text` is, or `None` when the document is valid but
+/// not an object.
+pub fn object_fields(text: &str) -> Result<Option<RawFields<'_>>, ScanError> {
     let b = text.as_bytes();
     let start = skip_ws(b, 0);
     if b.get(start) != Some(&b'{') {

@@ -211,3 +211,42 @@ fn raw_values_are_bytes_or_strings_to_expressions() {
     assert_eq!(run(&p, "ok then").unwrap().len(), 1);
     assert_eq!(run(&p, "no").unwrap().len(), 0);
 }
+
+#[test]
+fn expressions_reach_into_lazily_decoded_documents_like_into_decoded_ones() {
+    let p = json_job(
+        "[{map: {a: 'has(value.customer.id)', b: 'has(value.customer.nope)', \
+         c: 'value.items.exists(i, i.sku == \"a\")', d: 'size(value.items)', \
+         e: 'value[\"status\"]', f: 'value.customer.address.city == \"London\"', \
+         g: 'value.customer.address', h: 'has(value.zz)', i: 'value.esc'}}, \
+         {set_key: 'value.customer.address.city'}]",
+    );
+    let out = run(
+        &p,
+        r#"{"status":"paid","esc":"a\"b","customer":{"id":1,"address":{"city":"London","zip":"N1"}},"items":[{"sku":"a"},{"sku":"b"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(out[0].1.key, Some(b"London".to_vec()));
+    assert_eq!(
+        values(&out),
+        vec![json!({
+            "status": "paid", "esc": "a\"b",
+            "customer": {"id": 1, "address": {"city": "London", "zip": "N1"}},
+            "items": [{"sku": "a"}, {"sku": "b"}],
+            "a": true, "b": false, "c": true, "d": 2, "e": "paid", "f": true,
+            "g": {"city": "London", "zip": "N1"}, "h": false, "i": "a\"b"
+        })]
+    );
+    let err = run(&p, r#"{"customer": {}}"#).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::MissingField);
+}
+
+#[test]
+fn untouched_fields_keep_their_bytes_and_order() {
+    let p = json_job("[{map: {z: '1'}}, {drop_fields: [b]}]");
+    let out = run(&p, r#"{"c": 1.50, "b": 2, "a": "\u00e9"}"#).unwrap();
+    assert_eq!(
+        out[0].1.value.as_deref(),
+        Some(br#"{"c":1.50,"a":"\u00e9","z":1}"#.as_slice())
+    );
+}
