@@ -49,29 +49,38 @@ fn spawn(setup: &Setup, instance: &str) -> KillOnDrop {
 #[test]
 fn sigkilled_job_restarts_without_loss_or_duplicates() {
     let s = setup("crash", 0, "  max_records_per_txn: 1000\n");
-    let ids: BTreeSet<u64> = (0..60_000).collect();
-    // Records arrive over ~12 s, so the job cannot be done before it was killed a few times.
+    let ids: BTreeSet<u64> = (0..100_000).collect();
+    // Records arrive over ~25 s, so the job cannot be done before it was killed a few times.
     let feeder = {
         let input = s.input.clone();
         let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(5_000)))
+        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(4_000)))
     };
     let mut rng = rand::rng();
     let mut kills_mid_run = 0;
-    for round in 0..8 {
+    let mut visible = 0;
+    for round in 0..10 {
         if kills_mid_run >= 3 {
             break;
         }
         let mut child = spawn(&s, "crash-0");
-        std::thread::sleep(Duration::from_millis(rng.random_range(800..2500)));
+        // Kill at a random moment after this incarnation committed something, however slow
+        // its start is on a loaded machine.
+        let progressed =
+            wait_for_distinct(&s.output, PARTITIONS, visible + 1, Duration::from_secs(90));
+        assert!(
+            progressed > visible,
+            "round {round}: the job made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
         child.kill().expect("SIGKILL"); // std's kill sends SIGKILL
         child.wait().expect("reap");
-        let visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(3));
+        visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(2));
         eprintln!(
             "round {round}: SIGKILL with {visible} of {} ids visible",
             ids.len()
         );
-        if visible > 0 && visible < ids.len() {
+        if visible < ids.len() {
             kills_mid_run += 1;
         }
     }
