@@ -47,17 +47,39 @@ impl Admin {
         Ok(Admin { client, runtime })
     }
 
+    /// Creates a topic and waits for its leaders. A busy broker may time out the request and
+    /// create the topic anyway: the request is tried three times, and "already exists" on a
+    /// later try counts as created.
     pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
         let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = self
-            .runtime
-            .block_on(self.client.create_topics([&topic], &opts))
-            .map_err(|e| client_error("create topic", e))?;
-        for r in results {
-            r.map_err(|(t, e)| client_error(&format!("create topic {t}"), e))?;
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(Duration::from_secs(60)))
+            .request_timeout(Some(Duration::from_secs(70)));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let outcome = self
+                .runtime
+                .block_on(self.client.create_topics([&topic], &opts))
+                .map_err(|e| client_error("create topic", e))
+                .and_then(|results| {
+                    for r in results {
+                        match r {
+                            Ok(_) => {}
+                            Err((_, Code::TopicAlreadyExists)) if attempt > 1 => {}
+                            Err((t, e)) => {
+                                return Err(client_error(&format!("create topic {t}"), e));
+                            }
+                        }
+                    }
+                    Ok(())
+                });
+            match outcome {
+                Ok(()) => return self.wait_for_leaders(name, partitions),
+                Err(e) if attempt >= 3 => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_secs(2)),
+            }
         }
-        self.wait_for_leaders(name, partitions)
     }
 
     /// Waits until the broker's metadata shows every partition of a new topic with a leader:

@@ -265,10 +265,12 @@ pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
     specs
 }
 
-/// A broker this bench uses, and stops when it started it.
+/// A broker this bench uses, and stops when it started it (wiping its data unless a cell
+/// failed: then its logs stay for a look).
 struct Broker {
     bootstrap: String,
     script: Option<PathBuf>,
+    keep_logs: bool,
 }
 
 impl Broker {
@@ -277,6 +279,7 @@ impl Broker {
             return Ok(Broker {
                 bootstrap: b.clone(),
                 script: None,
+                keep_logs: false,
             });
         }
         let script = cfg.repo_dir.join("scripts/kafka");
@@ -307,6 +310,7 @@ impl Broker {
         Ok(Broker {
             bootstrap,
             script: (!running).then_some(script),
+            keep_logs: false,
         })
     }
 }
@@ -314,8 +318,13 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         if let Some(script) = &self.script {
+            let args: &[&str] = if self.keep_logs {
+                &["stop"]
+            } else {
+                &["stop", "--wipe"]
+            };
             let _ = Command::new(script)
-                .args(["stop", "--wipe"])
+                .args(args)
                 .stdout(std::process::Stdio::null())
                 .status();
         }
@@ -331,7 +340,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     } else {
         Some(fetch_kstreams(&cfg.repo_dir)?)
     };
-    let broker = Broker::new(cfg)?;
+    let mut broker = Broker::new(cfg)?;
     let bootstrap = broker.bootstrap.as_str();
     let admin = Admin::new(bootstrap)?;
     let run_id = std::time::SystemTime::now()
@@ -406,6 +415,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     }
     bar.finish_and_clear();
     let _ = std::fs::remove_dir_all(&work);
+    broker.keep_logs = results.iter().any(|r| r.error.is_some());
     drop(broker);
 
     let markdown = report::markdown(cfg, &results);
