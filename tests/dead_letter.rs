@@ -15,7 +15,6 @@ use onceflow::engine::{self, Identity, RunOptions, Summary};
 use onceflow::topology::Topology;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 4;
@@ -47,32 +46,8 @@ fn value_of(id: u64) -> String {
 }
 
 fn produce(topic: &str, ids: &[u64], per_second: u64) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let started = Instant::now();
-    for (n, id) in ids.iter().enumerate() {
-        let due = started + Duration::from_secs_f64(n as f64 / per_second as f64);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            producer.poll(Duration::ZERO);
-            std::thread::sleep(wait);
-        }
-        let (key, value) = (id.to_string(), value_of(*id));
-        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(5));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(60)).expect("flush");
+    let records = ids.iter().map(|id| (Some(id.to_string()), value_of(*id)));
+    produce_records_paced(topic, records, Some(per_second));
 }
 
 /// Every dead-letter record of `topic` (read_committed, `expected` of them).

@@ -24,7 +24,6 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{Value, json};
 
 const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
@@ -93,34 +92,10 @@ fn table_name(prefix: &str) -> String {
 
 /// Writes JSON records (key, value) in order, idempotently.
 fn produce_json(topic: &str, records: &[(String, Value)], per_second: Option<u64>) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let started = Instant::now();
-    for (n, (key, value)) in records.iter().enumerate() {
-        if let Some(rate) = per_second {
-            let due = started + Duration::from_secs_f64(n as f64 / rate as f64);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                producer.poll(Duration::ZERO);
-                std::thread::sleep(wait);
-            }
-        }
-        let payload = value.to_string();
-        let mut record = BaseRecord::to(topic).key(key).payload(&payload);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(5));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(60)).expect("flush");
+    let records = records
+        .iter()
+        .map(|(k, v)| (Some(k.clone()), v.to_string()));
+    produce_records_paced(topic, records, per_second);
 }
 
 /// A topology file in a temporary folder.

@@ -68,6 +68,25 @@ pub fn produce_ids(topic: &str, ids: impl IntoIterator<Item = u64>) {
 
 /// Like [`produce_ids`], at most `per_second` records a second when given.
 pub fn produce_ids_paced(topic: &str, ids: impl IntoIterator<Item = u64>, per_second: Option<u64>) {
+    let records = ids.into_iter().map(|id| {
+        let value = format!(r#"{{"id":{id},"payload":"{}"}}"#, "x".repeat(64));
+        (Some(id.to_string()), value)
+    });
+    produce_records_paced(topic, records, per_second)
+}
+
+/// Writes `(key, value)` records, idempotently.
+pub fn produce_records(topic: &str, records: impl IntoIterator<Item = (Option<String>, String)>) {
+    produce_records_paced(topic, records, None)
+}
+
+/// Writes `(key, value)` records in order, idempotently, at most `per_second` a second when
+/// given.
+pub fn produce_records_paced(
+    topic: &str,
+    records: impl IntoIterator<Item = (Option<String>, String)>,
+    per_second: Option<u64>,
+) {
     let started = Instant::now();
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -75,7 +94,7 @@ pub fn produce_ids_paced(topic: &str, ids: impl IntoIterator<Item = u64>, per_se
         .set("linger.ms", "5")
         .create()
         .expect("producer");
-    for (n, id) in ids.into_iter().enumerate() {
+    for (n, (key, value)) in records.into_iter().enumerate() {
         if let Some(rate) = per_second {
             let due = started + Duration::from_secs_f64(n as f64 / rate as f64);
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
@@ -83,31 +102,6 @@ pub fn produce_ids_paced(topic: &str, ids: impl IntoIterator<Item = u64>, per_se
                 std::thread::sleep(wait);
             }
         }
-        let key = id.to_string();
-        let value = format!(r#"{{"id":{id},"payload":"{}"}}"#, "x".repeat(64));
-        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(5));
-                }
-            }
-        }
-    }
-    producer.flush(Duration::from_secs(60)).expect("flush");
-}
-
-/// Writes `(key, value)` records, idempotently.
-pub fn produce_records(topic: &str, records: impl IntoIterator<Item = (Option<String>, String)>) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    for (key, value) in records {
         let mut record = BaseRecord::<str, str>::to(topic).payload(&value);
         if let Some(k) = &key {
             record = record.key(k.as_str());
