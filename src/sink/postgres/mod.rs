@@ -216,6 +216,15 @@ impl PostgresSink {
                 tokio::time::timeout(Duration::from_secs(10), async {
                     let (client, task) = open(pg).await?;
                     let task = AbortOnDrop(Some(task));
+                    // The database commit must be durable before the Kafka commit, or a
+                    // database crash in between would lose what Kafka counts as done.
+                    let sync: String = client
+                        .query_one("SHOW synchronous_commit", &[])
+                        .await?
+                        .get(0);
+                    if sync == "off" {
+                        client.batch_execute("SET synchronous_commit = on").await?;
+                    }
                     let apply = client.prepare(apply_sql).await?;
                     Ok::<_, PostgresError>(Conn {
                         client,

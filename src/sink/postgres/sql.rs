@@ -184,13 +184,13 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
         let _ = write!(
             sql,
             "once AS (\n  SELECT DISTINCT ON (b.\"$mid\", {ids}) b.*\n  \
-             FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"\n  \
+             FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)\n  \
              ORDER BY b.\"$mid\", {ids}, b.\"$seq\"\n),\n",
             ids = prefixed("b", &ids),
         );
         "once b"
     } else {
-        "batch b JOIN fresh f ON f.message_id = b.\"$mid\""
+        "batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
     };
 
     // One row per id: the newest version, or the last in the batch; counters summed.
@@ -372,7 +372,7 @@ mod tests {
             "SELECT $7::text, \"$mid\" FROM batch",
             "INSERT INTO \"onceflow_inbox\" AS i (consumer, message_id)",
             "ON CONFLICT (consumer, message_id) DO NOTHING",
-            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"",
+            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)",
             "ORDER BY b.\"id\", b.\"v\" DESC NULLS LAST, b.\"$seq\" DESC",
             "DELETE FROM \"sales\".\"orders\" AS t USING latest l",
             "WHERE l.\"$del\" AND t.\"id\" = l.\"id\" AND t.\"v\" < l.\"v\"",
@@ -412,7 +412,7 @@ mod tests {
         assert!(sql.contains("l.\"$sum_n\"::integer"), "{sql}");
         assert!(
             sql.contains(
-                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b JOIN fresh f"
+                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
             ),
             "each message counts once per id: {sql}"
         );
