@@ -127,11 +127,7 @@ impl PostgresSink {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| {
-                fail(PostgresError::Schema(format!(
-                    "cannot start a runtime: {e}"
-                )))
-            })?;
+            .map_err(|e| fail(PostgresError::Runtime(e)))?;
         let mut sink = PostgresSink {
             output: output.to_string(),
             consumer: format!("{topology}/{output}"),
@@ -175,7 +171,8 @@ impl PostgresSink {
             config,
             ..
         } = self;
-        let (target, types) = runtime.block_on(async {
+        let limit = Duration::from_secs(30);
+        let inspected = runtime.block_on(tokio::time::timeout(limit, async {
             let (client, task) = open(pg).await?;
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
@@ -203,7 +200,8 @@ impl PostgresSink {
                     .await?;
             }
             Ok::<_, PostgresError>((target, types))
-        })?;
+        }));
+        let (target, types) = inspected.unwrap_or(Err(PostgresError::Timeout(limit)))?;
         self.apply_sql = sql::apply_batch(&self.config, &target, &types, false);
         self.optimistic_sql = sql::apply_batch(&self.config, &target, &types, true);
         self.mapping = Mapping::new(&self.config).with_types(&types);
