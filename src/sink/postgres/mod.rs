@@ -172,7 +172,9 @@ impl PostgresSink {
             ..
         } = self;
         let limit = Duration::from_secs(30);
-        let inspected = runtime.block_on(tokio::time::timeout(limit, async {
+        // The timer is made inside block_on: it needs the runtime's reactor.
+        let inspected = runtime.block_on(async {
+            tokio::time::timeout(limit, async {
             let (client, task) = open(pg).await?;
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
@@ -200,7 +202,9 @@ impl PostgresSink {
                     .await?;
             }
             Ok::<_, PostgresError>((target, types))
-        }));
+            })
+            .await
+        });
         let (target, types) = inspected.unwrap_or(Err(PostgresError::Timeout(limit)))?;
         self.apply_sql = sql::apply_batch(&self.config, &target, &types, false);
         self.optimistic_sql = sql::apply_batch(&self.config, &target, &types, true);
