@@ -271,6 +271,13 @@ pub fn postgres_batch_committed(
     );
 }
 
+pub fn postgres_replay_detected(output: &str) {
+    debug!(
+        output,
+        "the batch holds messages applied before; applying it with ON CONFLICT DO NOTHING"
+    );
+}
+
 pub fn inbox_duplicates_absorbed(output: &str, count: u64) {
     if count > 0 {
         counter!(m::INBOX_DUPLICATES, "output" => output.to_string()).increment(count);

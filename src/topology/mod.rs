@@ -870,6 +870,14 @@ mod postgres_tests {
     }
 
     #[test]
+    fn the_example_topology_is_valid() {
+        let text = include_str!("../../topologies/orders-postgres.yaml");
+        let t = Topology::parse(text, "topologies/orders-postgres.yaml").unwrap();
+        assert_eq!(t.output_topic(), Some("orders.enriched"));
+        assert_eq!(t.postgres_outputs().count(), 1);
+    }
+
+    #[test]
     fn postgres_output_names_must_be_unique() {
         let text = format!(
             "{PG}  - name: orders_db\n    postgres: {{url_env: U, table: t, id_columns: [id], columns: {{id: id}}}}\n"

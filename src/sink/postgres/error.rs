@@ -15,6 +15,8 @@ pub enum PostgresError {
     BadUrl { var: String, message: String },
     #[error("{0}")]
     Schema(String),
+    #[error("cannot start the sink's runtime: {0}")]
+    Runtime(std::io::Error),
     #[error(transparent)]
     Record(#[from] RecordError),
     #[error("{}", describe(.0))]
@@ -43,6 +45,7 @@ impl PostgresError {
             PostgresError::MissingUrl(_)
             | PostgresError::BadUrl { .. }
             | PostgresError::Schema(_)
+            | PostgresError::Runtime(_)
             | PostgresError::NotIsolated(_) => SinkErrorKind::Fatal,
         }
     }

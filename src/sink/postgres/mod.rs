@@ -31,6 +31,9 @@ use crate::transform::{Origin, Record};
 const STARTUP_RETRY: Duration = Duration::from_secs(30);
 /// Expired inbox rows are removed this many at a time.
 const CLEANUP_BATCH: i32 = 1000;
+/// After a batch met messages applied before, this many batches use the careful statement
+/// (`ON CONFLICT DO NOTHING`) before the optimistic one is tried again: replays come in runs.
+const CAREFUL_BATCHES: u32 = 16;
 
 /// What a committed batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,10 +48,13 @@ pub struct Applied {
     pub deleted: u64,
 }
 
-/// An open connection with its prepared batch statement.
+/// An open connection with its prepared batch statements.
 struct Conn {
     client: Client,
+    /// The careful form: the inbox insert absorbs messages applied before.
     apply: Statement,
+    /// The optimistic form: fails when the batch holds a message applied before.
+    optimistic: Statement,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -69,6 +75,9 @@ pub struct PostgresSink {
     pg: tokio_postgres::Config,
     mapping: Mapping,
     apply_sql: String,
+    optimistic_sql: String,
+    /// Batches left to apply with the careful statement.
+    careful: u32,
     staged: Staged,
     runtime: tokio::runtime::Runtime,
     conn: Option<Conn>,
@@ -118,11 +127,7 @@ impl PostgresSink {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| {
-                fail(PostgresError::Schema(format!(
-                    "cannot start a runtime: {e}"
-                )))
-            })?;
+            .map_err(|e| fail(PostgresError::Runtime(e)))?;
         let mut sink = PostgresSink {
             output: output.to_string(),
             consumer: format!("{topology}/{output}"),
@@ -131,6 +136,8 @@ impl PostgresSink {
             pg,
             mapping: Mapping::new(config),
             apply_sql: String::new(),
+            optimistic_sql: String::new(),
+            careful: 0,
             staged: Staged::default(),
             runtime,
             conn: None,
@@ -164,7 +171,10 @@ impl PostgresSink {
             config,
             ..
         } = self;
-        let (target, types) = runtime.block_on(async {
+        let limit = Duration::from_secs(30);
+        // The timer is made inside block_on: it needs the runtime's reactor.
+        let inspected = runtime.block_on(async {
+            tokio::time::timeout(limit, async {
             let (client, task) = open(pg).await?;
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
@@ -192,8 +202,12 @@ impl PostgresSink {
                     .await?;
             }
             Ok::<_, PostgresError>((target, types))
-        })?;
-        self.apply_sql = sql::apply_batch(&self.config, &target, &types);
+            })
+            .await
+        });
+        let (target, types) = inspected.unwrap_or(Err(PostgresError::Timeout(limit)))?;
+        self.apply_sql = sql::apply_batch(&self.config, &target, &types, false);
+        self.optimistic_sql = sql::apply_batch(&self.config, &target, &types, true);
         self.mapping = Mapping::new(&self.config).with_types(&types);
         self.target = target;
         self.connection()?;
@@ -210,16 +224,28 @@ impl PostgresSink {
                 runtime,
                 pg,
                 apply_sql,
+                optimistic_sql,
                 ..
             } = self;
             let conn = runtime.block_on(async {
                 tokio::time::timeout(Duration::from_secs(10), async {
                     let (client, task) = open(pg).await?;
                     let task = AbortOnDrop(Some(task));
+                    // The database commit must be durable before the Kafka commit, or a
+                    // database crash in between would lose what Kafka counts as done.
+                    let sync: String = client
+                        .query_one("SHOW synchronous_commit", &[])
+                        .await?
+                        .get(0);
+                    if sync == "off" {
+                        client.batch_execute("SET synchronous_commit = on").await?;
+                    }
                     let apply = client.prepare(apply_sql).await?;
+                    let optimistic = client.prepare(optimistic_sql).await?;
                     Ok::<_, PostgresError>(Conn {
                         client,
                         apply,
+                        optimistic,
                         task: task.disarm(),
                     })
                 })
@@ -306,9 +332,41 @@ impl PostgresSink {
         Ok(true)
     }
 
+    /// One attempt at the batch, optimistic first unless replays were seen lately; a batch
+    /// that holds a message applied before goes again at once with the careful statement.
+    fn apply(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
+        if self.careful == 0 {
+            match self.apply_with(deadline, true) {
+                Err(PostgresError::Db(e)) if self.is_inbox_conflict(&e) => {
+                    telemetry::postgres_replay_detected(&self.output);
+                    self.careful = CAREFUL_BATCHES;
+                }
+                other => return other,
+            }
+        }
+        let applied = self.apply_with(deadline, false)?;
+        if applied.fresh < applied.messages {
+            self.careful = CAREFUL_BATCHES;
+        } else {
+            self.careful = self.careful.saturating_sub(1);
+        }
+        Ok(applied)
+    }
+
+    /// Whether an error is the inbox's unique key refusing a message applied before.
+    fn is_inbox_conflict(&self, e: &tokio_postgres::Error) -> bool {
+        let inbox = self.config.inbox_table.rsplit('.').next().unwrap_or("");
+        e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+            && e.as_db_error().and_then(|d| d.table()) == Some(inbox)
+    }
+
     /// One attempt at the batch: begin, apply, commit. A broken or silent connection is
     /// dropped (an unknown commit outcome is fine: a retry is absorbed by the inbox).
-    fn apply(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
+    fn apply_with(
+        &mut self,
+        deadline: Instant,
+        optimistic: bool,
+    ) -> Result<Applied, PostgresError> {
         let limit = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_secs(1));
@@ -321,7 +379,13 @@ impl PostgresSink {
                 target,
                 ..
             } = &mut *self;
-            let Conn { client, apply, .. } = conn.as_mut().expect("connected above");
+            let Conn {
+                client,
+                apply,
+                optimistic: fast,
+                ..
+            } = conn.as_mut().expect("connected above");
+            let apply = if optimistic { fast } else { apply };
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
                     let tx = client.transaction().await?;

@@ -18,6 +18,12 @@
 //!
 //! Every part sees the same snapshot, and each id appears once in `latest`, so no row is
 //! touched twice.
+//!
+//! The statement comes in two forms. The careful one is the above. The optimistic one inserts
+//! into the inbox without `ON CONFLICT` and takes every row as fresh: when no message of the
+//! batch was applied before (nearly always) it does the same work without the cost of
+//! speculative insertion; when one was, the inbox's unique key fails the whole statement,
+//! nothing of it stays, and the sink applies the batch again with the careful form.
 
 use std::fmt::Write;
 
@@ -127,7 +133,12 @@ pub const UNIQUE_KEYS: &str = "SELECT ARRAY(SELECT a.attname::text FROM unnest(i
 /// before), rows upserted, rows deleted.
 ///
 /// `types` gives the type of every mapped column.
-pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, String)]) -> String {
+pub fn apply_batch(
+    config: &PostgresOutput,
+    target: &str,
+    types: &[(String, String)],
+    optimistic: bool,
+) -> String {
     let type_of = |column: &str| {
         types
             .iter()
@@ -173,10 +184,19 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
     let _ = write!(
         sql,
         "fresh AS (\n  INSERT INTO {inbox} AS i (consumer, message_id)\n  \
-         SELECT {consumer_param}::text, \"$mid\" FROM batch\n  \
-         ON CONFLICT (consumer, message_id) DO NOTHING\n  RETURNING i.message_id\n),\n",
+         SELECT {consumer_param}::text, \"$mid\" FROM batch\n  {on_conflict}RETURNING i.message_id\n),\n",
         inbox = qualified(&config.inbox_table),
+        on_conflict = if optimistic {
+            ""
+        } else {
+            "ON CONFLICT (consumer, message_id) DO NOTHING\n  "
+        },
     );
+    let fresh_rows = if optimistic {
+        "batch b"
+    } else {
+        "batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
+    };
 
     // The fresh rows. Counters take each message once per id, even if it came twice in the
     // batch (the same event id on two offsets).
@@ -184,13 +204,13 @@ pub fn apply_batch(config: &PostgresOutput, target: &str, types: &[(String, Stri
         let _ = write!(
             sql,
             "once AS (\n  SELECT DISTINCT ON (b.\"$mid\", {ids}) b.*\n  \
-             FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"\n  \
+             FROM {fresh_rows}\n  \
              ORDER BY b.\"$mid\", {ids}, b.\"$seq\"\n),\n",
             ids = prefixed("b", &ids),
         );
         "once b"
     } else {
-        "batch b JOIN fresh f ON f.message_id = b.\"$mid\""
+        fresh_rows
     };
 
     // One row per id: the newest version, or the last in the batch; counters summed.
@@ -365,6 +385,7 @@ mod tests {
             &config("      version_column: v\n      delete_when: deleted\n"),
             "sales.orders",
             &types(),
+            false,
         );
         for part in [
             "SELECT r.\"$seq\", r.\"$mid\" COLLATE \"C\" AS \"$mid\", r.\"$del\", r.\"id\"::bigint AS \"id\", r.\"n\"::integer AS \"n\", r.\"name\"::text AS \"name\", r.\"v\"::bigint AS \"v\"",
@@ -372,7 +393,7 @@ mod tests {
             "SELECT $7::text, \"$mid\" FROM batch",
             "INSERT INTO \"onceflow_inbox\" AS i (consumer, message_id)",
             "ON CONFLICT (consumer, message_id) DO NOTHING",
-            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b JOIN fresh f ON f.message_id = b.\"$mid\"",
+            "SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)",
             "ORDER BY b.\"id\", b.\"v\" DESC NULLS LAST, b.\"$seq\" DESC",
             "DELETE FROM \"sales\".\"orders\" AS t USING latest l",
             "WHERE l.\"$del\" AND t.\"id\" = l.\"id\" AND t.\"v\" < l.\"v\"",
@@ -390,7 +411,7 @@ mod tests {
 
     #[test]
     fn unversioned_upsert_keeps_the_last_row_of_the_batch_and_never_guards() {
-        let sql = apply_batch(&config(""), "sales.orders", &types());
+        let sql = apply_batch(&config(""), "sales.orders", &types(), false);
         assert!(sql.contains("ORDER BY b.\"id\", b.\"$seq\" DESC"), "{sql}");
         assert!(!sql.contains("EXCLUDED.\"v\"\n  WHERE"), "{sql}");
         assert!(!sql.contains("DELETE"), "{sql}");
@@ -404,6 +425,7 @@ mod tests {
             &config("      increment_columns: [n]\n"),
             "sales.orders",
             &types(),
+            false,
         );
         assert!(
             sql.contains("sum(b.\"n\") OVER (PARTITION BY b.\"id\") AS \"$sum_n\""),
@@ -412,7 +434,7 @@ mod tests {
         assert!(sql.contains("l.\"$sum_n\"::integer"), "{sql}");
         assert!(
             sql.contains(
-                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b JOIN fresh f"
+                "SELECT DISTINCT ON (b.\"$mid\", b.\"id\") b.*\n  FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
             ),
             "each message counts once per id: {sql}"
         );
@@ -429,6 +451,7 @@ mod tests {
             &config("      delete_when: gone\n"),
             "sales.orders",
             &types(),
+            false,
         );
         assert!(
             sql.contains("WHERE l.\"$del\" AND t.\"id\" = l.\"id\"\n"),
@@ -441,8 +464,24 @@ mod tests {
     fn a_table_of_ids_only_does_nothing_on_conflict() {
         let mut c = config("");
         c.columns.retain(|k, _| k == "id");
-        let sql = apply_batch(&c, "t", &types());
+        let sql = apply_batch(&c, "t", &types(), false);
         assert!(sql.contains("ON CONFLICT (\"id\") DO NOTHING"), "{sql}");
+    }
+
+    #[test]
+    fn the_optimistic_form_takes_every_row_as_fresh_and_fails_on_a_known_message() {
+        let c = config("      version_column: v\n");
+        let sql = apply_batch(&c, "sales.orders", &types(), true);
+        assert!(!sql.contains("ON CONFLICT (consumer, message_id)"), "{sql}");
+        assert!(!sql.contains("IN (SELECT message_id FROM fresh)"), "{sql}");
+        assert!(
+            sql.contains("SELECT DISTINCT ON (b.\"id\") b.*\n  FROM batch b\n"),
+            "{sql}"
+        );
+        // Everything else is the careful form's.
+        let careful = apply_batch(&c, "sales.orders", &types(), false);
+        let tail = |s: &str| s[s.find("upserted AS").unwrap()..].to_string();
+        assert_eq!(tail(&sql), tail(&careful));
     }
 
     #[test]
