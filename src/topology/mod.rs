@@ -873,7 +873,7 @@ mod postgres_tests {
     fn the_example_topology_is_valid() {
         let text = include_str!("../../topologies/orders-postgres.yaml");
         let t = Topology::parse(text, "topologies/orders-postgres.yaml").unwrap();
-        assert_eq!(t.output_topic(), Some("orders.enriched"));
+        assert_eq!(t.output_topics(), vec!["orders.enriched", ""]);
         assert_eq!(t.postgres_outputs().count(), 1);
     }
 
