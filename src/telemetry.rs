@@ -176,6 +176,18 @@ pub fn record_failed(
     }
 }
 
+/// A partition was paused on a record whose retries ran out.
+pub fn partition_paused(origin: &crate::transform::Origin, for_: Duration) {
+    counter!(m::RETRIES, "stage" => "pause").increment(1);
+    warn!(
+        topic = origin.topic.as_str(),
+        partition = origin.partition,
+        offset = origin.offset,
+        pause_ms = for_.as_millis() as u64,
+        "retries ran out; partition paused at the record, to try it again"
+    );
+}
+
 /// A record was added to the dead-letter topic of the open transaction.
 pub fn dead_lettered(kind: &'static str) {
     counter!(m::RECORDS_DEAD_LETTERED, "kind" => kind).increment(1);

@@ -284,3 +284,37 @@ fn transient_failures_are_retried_then_dead_lettered() {
         &read_all(&dlq_topic, PARTITIONS, "read_committed"),
     );
 }
+
+#[test]
+fn exhausted_retries_can_pause_the_partition_instead() {
+    let (input, output, dlq_topic) = (unique("pa-in"), unique("pa-out"), unique("pa-dlq"));
+    create_topics(&[&input, &output, &dlq_topic], PARTITIONS);
+    let ids: BTreeSet<u64> = (0..2_000).collect();
+    produce_ids(&input, ids.iter().copied());
+    let text = topology_text(
+        &unique("pa"),
+        &input,
+        &output,
+        &dlq_topic,
+        "value.id * 2",
+        "  max_attempts: 2\n  retry_backoff_ms: 20\n  retry_backoff_max_ms: 300\n  on_exhausted: pause\n",
+    );
+    let topology = Topology::parse(&text, "t").expect("topology");
+    // 5 injected failures with 2 attempts a record: the first record's partition is paused
+    // twice, then the record passes on its third try; nothing is dead-lettered.
+    let options = RunOptions {
+        transient_failures: 5,
+        ..RunOptions::default()
+    };
+    let started = Instant::now();
+    run_in_process(&topology, options, &output, ids.len());
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "two pauses of 300 ms"
+    );
+    assert_exactly_once(&ids, &read_all(&output, PARTITIONS, "read_committed"));
+    assert_exactly_once(
+        &BTreeSet::new(),
+        &read_all(&dlq_topic, PARTITIONS, "read_committed"),
+    );
+}

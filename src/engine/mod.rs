@@ -26,7 +26,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::dlq;
 use crate::telemetry::{self, AbortReason, health::Health};
-use crate::topology::{OnError, Topology};
+use crate::topology::{OnError, OnExhausted, Topology};
 use crate::transform::{ErrorKind, Origin, Pipeline, Record, Stage, TransformError};
 pub use clients::Identity;
 use retry::Backoff;
@@ -199,6 +199,58 @@ fn check_topics_exist<C: ConsumerContext>(
         }
     }
     Ok(())
+}
+
+/// Stops fetching `origin`'s partition and seeks it back to the record, so that the record
+/// is the first one consumed when the partition resumes.
+fn pause_at<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    origin: &Origin,
+) -> Result<(), EngineError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&origin.topic, origin.partition);
+    consumer.pause(&tpl).map_err(|e| {
+        EngineError::Client(format!(
+            "cannot pause {}[{}]: {e}",
+            origin.topic, origin.partition
+        ))
+    })?;
+    consumer
+        .seek(
+            &origin.topic,
+            origin.partition,
+            rdkafka::Offset::Offset(origin.offset),
+            Duration::from_secs(10),
+        )
+        .map_err(|e| {
+            EngineError::Client(format!(
+                "cannot seek {}[{}]: {e}",
+                origin.topic, origin.partition
+            ))
+        })
+}
+
+/// Resumes the paused partitions whose time has come. A partition revoked meanwhile cannot
+/// be resumed; that is logged, not fatal (its next owner starts unpaused).
+fn resume_due<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    paused: &mut Vec<(String, i32, Instant)>,
+    now: Instant,
+) {
+    if paused.iter().all(|(_, _, until)| *until > now) {
+        return;
+    }
+    let mut tpl = TopicPartitionList::new();
+    paused.retain(|(topic, partition, until)| {
+        let due = *until <= now;
+        if due {
+            tpl.add_partition(topic, *partition);
+        }
+        !due
+    });
+    if let Err(e) = consumer.resume(&tpl) {
+        telemetry::consumer_error(&e);
+    }
 }
 
 /// The failure the transient failpoint injects.
@@ -379,6 +431,8 @@ pub fn run(
     };
     let max_message_bytes = max_message_bytes(topology);
     let mut injected_failures = options.transient_failures;
+    // Partitions paused on a record whose retries ran out, and when to resume them.
+    let mut paused: Vec<(String, i32, Instant)> = Vec::new();
     let mut outputs: Vec<(&str, Record)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut consumed: u64 = 0;
@@ -454,7 +508,29 @@ pub fn run(
                 let processed =
                     processed.map(|r| r.and_then(|()| check_sizes(&produced, max_message_bytes)));
                 let mut handled = processed.is_none();
-                if let Some(Err(e)) = processed {
+                let exhausted_transient = matches!(&processed, Some(Err(e)) if !e.is_permanent());
+                if exhausted_transient && runtime.on_exhausted == OnExhausted::Pause {
+                    // Keep the transaction clean: commit what is open, then stop this
+                    // partition at this record and try it again after the longest backoff.
+                    handled = true;
+                    match txn.commit(&consumer) {
+                        Ok(Committed::Done | Committed::Nothing) => {
+                            let until = Instant::now() + backoff.max;
+                            if let Err(e) = pause_at(&consumer, &record.origin) {
+                                break Err(e);
+                            }
+                            telemetry::partition_paused(&record.origin, backoff.max);
+                            paused.push((
+                                record.origin.topic.clone(),
+                                record.origin.partition,
+                                until,
+                            ));
+                        }
+                        // The rewind moved this partition back: the record comes again.
+                        Ok(Committed::Aborted) => {}
+                        Err(e) => break Err(e),
+                    }
+                } else if let Some(Err(e)) = processed {
                     telemetry::record_failed(&record.origin, &e, runtime.on_error, attempt);
                     match runtime.on_error {
                         OnError::DeadLetter => {
@@ -559,6 +635,7 @@ pub fn run(
             since_poll = 0;
         }
         let now = Instant::now();
+        resume_due(&consumer, &mut paused, now);
         if now >= next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
             next_tick = now + Duration::from_secs(1);

@@ -178,6 +178,17 @@ pub enum OnError {
     Skip,
 }
 
+/// What happens to a record whose transient failure outlasts its attempts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExhausted {
+    /// Handle it as `on_error` says (by default: the dead-letter topic).
+    #[default]
+    DeadLetter,
+    /// Pause its partition, keep the transaction clean, and try it again later.
+    Pause,
+}
+
 /// When a transaction commits, and how long it may stay open.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,6 +221,11 @@ pub struct Runtime {
     /// handled as `on_error` says.
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+    /// When the attempts at a transiently failing record run out: `dead_letter` (default, as
+    /// `on_error` says) or `pause` (commit what is open, pause the record's partition for
+    /// `retry_backoff_max_ms`, then try the record again; other partitions keep flowing).
+    #[serde(default)]
+    pub on_exhausted: OnExhausted,
     /// Delay before the second attempt; it doubles up to `retry_backoff_max_ms`, with jitter.
     #[serde(default = "default_retry_backoff_ms")]
     pub retry_backoff_ms: u64,
@@ -273,6 +289,7 @@ impl Default for Runtime {
             guarantee: Guarantee::default(),
             on_error: OnError::default(),
             max_attempts: default_max_attempts(),
+            on_exhausted: OnExhausted::default(),
             retry_backoff_ms: default_retry_backoff_ms(),
             retry_backoff_max_ms: default_retry_backoff_max_ms(),
         }
