@@ -5,13 +5,11 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use onceflow::dlq::{self, DeadLetter, Filter};
-use onceflow::engine::{self, Identity, RunOptions, Summary};
+use onceflow::engine::RunOptions;
 use onceflow::topology::Topology;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -81,34 +79,6 @@ fn id_of(letter: &DeadLetter) -> u64 {
         .expect("utf-8")
         .parse()
         .expect("id")
-}
-
-fn run_in_process(
-    topology: &Topology,
-    options: RunOptions,
-    topic: &str,
-    expected: usize,
-) -> Summary {
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let handle = {
-        let (topology, shutdown) = (topology.clone(), Arc::clone(&shutdown));
-        let identity = Identity {
-            bootstrap_servers: bootstrap(),
-            instance_id: "i0".into(),
-        };
-        std::thread::spawn(move || engine::run(&topology, &identity, &options, &shutdown))
-    };
-    let seen = wait_for_distinct_while(
-        topic,
-        PARTITIONS,
-        expected,
-        Duration::from_secs(120),
-        &|| !handle.is_finished(),
-    );
-    shutdown.store(true, Ordering::Relaxed);
-    let summary = handle.join().expect("job thread").expect("job result");
-    assert_eq!(seen, expected, "not every record came through in time");
-    summary
 }
 
 #[test]
@@ -242,7 +212,13 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
     .expect("fixed topology");
     let replayed: BTreeSet<u64> = poison.iter().copied().filter(|id| id % 2 == 1).collect();
     let expected: BTreeSet<u64> = good.union(&replayed).copied().collect();
-    run_in_process(&fixed, RunOptions::default(), &output, expected.len());
+    run_in_process(
+        &fixed,
+        RunOptions::default(),
+        &output,
+        PARTITIONS,
+        expected.len(),
+    );
     assert_exactly_once(&expected, &read_all(&output, PARTITIONS, "read_committed"));
 }
 
@@ -268,7 +244,7 @@ fn transient_failures_are_retried_then_dead_lettered() {
         ..RunOptions::default()
     };
     let started = Instant::now();
-    run_in_process(&topology, options, &output, ids.len() - 1);
+    run_in_process(&topology, options, &output, PARTITIONS, ids.len() - 1);
     // Backoffs of the first record: ~50 and ~100 ms (jittered to at least half), then ~50.
     assert!(started.elapsed() >= Duration::from_millis(100));
     let letters = read_letters(&dlq_topic, 1);
@@ -307,7 +283,7 @@ fn exhausted_retries_can_pause_the_partition_instead() {
         ..RunOptions::default()
     };
     let started = Instant::now();
-    run_in_process(&topology, options, &output, ids.len());
+    run_in_process(&topology, options, &output, PARTITIONS, ids.len());
     assert!(
         started.elapsed() >= Duration::from_millis(600),
         "two pauses of 300 ms"

@@ -4,12 +4,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use common::*;
-use onceflow::engine::{self, Identity, RunOptions, Summary};
+use onceflow::engine::{RunOptions, Summary};
 use onceflow::topology::Topology;
 
 const PARTITIONS: i32 = 4;
@@ -33,31 +30,9 @@ fn job(name: &str, extra_runtime: &str) -> Job {
     }
 }
 
-/// Runs the job on a thread until `expected` ids are visible, then stops it with the
-/// shutdown flag, as SIGTERM would.
+/// Runs the job until `expected` ids are visible, then stops it as SIGTERM would.
 fn run_until_visible(job: &Job, options: RunOptions, expected: usize) -> Summary {
-    onceflow::telemetry::init_tracing(false);
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let handle = {
-        let topology = job.topology.clone();
-        let shutdown = Arc::clone(&shutdown);
-        let identity = Identity {
-            bootstrap_servers: bootstrap(),
-            instance_id: "i0".into(),
-        };
-        std::thread::spawn(move || engine::run(&topology, &identity, &options, &shutdown))
-    };
-    let seen = wait_for_distinct_while(
-        &job.output,
-        PARTITIONS,
-        expected,
-        Duration::from_secs(120),
-        &|| !handle.is_finished(),
-    );
-    shutdown.store(true, Ordering::Relaxed);
-    let summary = handle.join().expect("job thread").expect("job result");
-    assert_eq!(seen, expected, "not every record came through in time");
-    summary
+    run_in_process(&job.topology, options, &job.output, PARTITIONS, expected)
 }
 
 #[test]

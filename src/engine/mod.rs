@@ -323,20 +323,20 @@ fn now_ms() -> i64 {
 
 /// At debug level, a span with the record's origin and message id, so one message can be
 /// followed end to end; at other levels a disabled span that costs next to nothing.
-fn record_span(record: &Record) -> tracing::Span {
+fn record_span(origin: &Origin, msg: &BorrowedMessage<'_>) -> tracing::Span {
     if !tracing::enabled!(tracing::Level::DEBUG) {
         return tracing::Span::none();
     }
-    let message_id = record
-        .headers
-        .iter()
-        .find(|(k, _)| k == MESSAGE_ID_HEADER)
-        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    let message_id = msg.headers().and_then(|hs| {
+        hs.iter()
+            .find(|h| h.key == MESSAGE_ID_HEADER)
+            .map(|h| String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+    });
     tracing::debug_span!(
         "record",
-        topic = %record.origin.topic,
-        partition = record.origin.partition,
-        offset = record.origin.offset,
+        topic = %origin.topic,
+        partition = origin.partition,
+        offset = origin.offset,
         message_id = message_id.as_deref().unwrap_or(""),
     )
 }
@@ -467,10 +467,17 @@ pub fn run(
             Some(Ok(msg)) => {
                 consumed += 1;
                 first_record.get_or_insert_with(Instant::now);
-                let record = to_record(&msg);
-                drop(msg);
-                let consumed_bytes = txn::payload_len(&record);
-                let _record_span = record_span(&record).entered();
+                // The pipeline takes each attempt's record by value: it is built from the
+                // consumed message, which stays at hand for a dead-letter copy of the original,
+                // so the common path copies key, value and headers once.
+                let origin = Origin {
+                    topic: msg.topic().to_string(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                };
+                let consumed_bytes =
+                    msg.key().map_or(0, <[u8]>::len) + msg.payload().map_or(0, <[u8]>::len);
+                let _record_span = record_span(&origin, &msg).entered();
                 // Transient failures are retried with backoff; the open transaction commits
                 // first, so it is not held open while waiting.
                 let mut attempt = 1;
@@ -481,7 +488,7 @@ pub fn run(
                         injected_failures -= 1;
                         Err(injected_failure())
                     } else {
-                        pipeline.process(record.clone(), &mut produced)
+                        pipeline.process(to_record(&msg), &mut produced)
                     };
                     match result {
                         Err(e) if !e.is_permanent() && backoff.may_retry(attempt) => {
@@ -495,7 +502,7 @@ pub fn run(
                                 }
                             }
                             let delay = backoff.delay(attempt, rand::random());
-                            telemetry::record_retry(&record.origin, &e, attempt, delay);
+                            telemetry::record_retry(&origin, &e, attempt, delay);
                             std::thread::sleep(delay);
                             attempt += 1;
                         }
@@ -516,22 +523,18 @@ pub fn run(
                     match txn.commit(&consumer) {
                         Ok(Committed::Done | Committed::Nothing) => {
                             let until = Instant::now() + backoff.max;
-                            if let Err(e) = pause_at(&consumer, &record.origin) {
+                            if let Err(e) = pause_at(&consumer, &origin) {
                                 break Err(e);
                             }
-                            telemetry::partition_paused(&record.origin, backoff.max);
-                            paused.push((
-                                record.origin.topic.clone(),
-                                record.origin.partition,
-                                until,
-                            ));
+                            telemetry::partition_paused(&origin, backoff.max);
+                            paused.push((origin.topic.clone(), origin.partition, until));
                         }
                         // The rewind moved this partition back: the record comes again.
                         Ok(Committed::Aborted) => {}
                         Err(e) => break Err(e),
                     }
                 } else if let Some(Err(e)) = processed {
-                    telemetry::record_failed(&record.origin, &e, runtime.on_error, attempt);
+                    telemetry::record_failed(&origin, &e, runtime.on_error, attempt);
                     match runtime.on_error {
                         OnError::DeadLetter => {
                             produced.clear();
@@ -553,7 +556,7 @@ pub fn run(
                                 dead_letter_checked = true;
                             }
                             let letter = dlq::dead_letter(
-                                &record,
+                                &to_record(&msg),
                                 &dlq::Failure {
                                     kind: e.kind.name().to_string(),
                                     message: e.message.clone(),
@@ -568,7 +571,7 @@ pub fn run(
                             handled = true;
                             match txn.add(
                                 &consumer,
-                                &record.origin,
+                                &origin,
                                 consumed_bytes,
                                 &[(dead_letter_topic.as_str(), letter)],
                             ) {
@@ -585,9 +588,9 @@ pub fn run(
                                 &e.to_string(),
                             );
                             break Err(EngineError::Transform {
-                                topic: record.origin.topic,
-                                partition: record.origin.partition,
-                                offset: record.origin.offset,
+                                topic: origin.topic,
+                                partition: origin.partition,
+                                offset: origin.offset,
                                 message: e.to_string(),
                             });
                         }
@@ -620,7 +623,7 @@ pub fn run(
                         let topic = topics.get(index).copied().unwrap_or_default();
                         (!topic.is_empty()).then_some((topic, r))
                     }));
-                    match txn.add(&consumer, &record.origin, consumed_bytes, &outputs) {
+                    match txn.add(&consumer, &origin, consumed_bytes, &outputs) {
                         Ok(Added::Yes | Added::Aborted) => {}
                         Err(e) => break Err(e),
                     }

@@ -393,3 +393,37 @@ pub fn terminate(mut child: KillOnDrop) {
         "onceflow did not exit 0 on SIGTERM: {status:?}"
     );
 }
+
+/// Runs `topology` in-process on a thread until `expected` ids are visible on `topic`
+/// (read_committed), then stops it with the shutdown flag, as SIGTERM would.
+pub fn run_in_process(
+    topology: &onceflow::topology::Topology,
+    options: onceflow::engine::RunOptions,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+) -> onceflow::engine::Summary {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    onceflow::telemetry::init_tracing(false);
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let handle = {
+        let (topology, shutdown) = (topology.clone(), Arc::clone(&shutdown));
+        let identity = onceflow::engine::Identity {
+            bootstrap_servers: bootstrap(),
+            instance_id: "i0".into(),
+        };
+        std::thread::spawn(move || onceflow::engine::run(&topology, &identity, &options, &shutdown))
+    };
+    let seen = wait_for_distinct_while(
+        topic,
+        partitions,
+        expected,
+        Duration::from_secs(120),
+        &|| !handle.is_finished(),
+    );
+    shutdown.store(true, Ordering::Relaxed);
+    let summary = handle.join().expect("job thread").expect("job result");
+    assert_eq!(seen, expected, "not every record came through in time");
+    summary
+}
