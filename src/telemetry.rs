@@ -41,6 +41,8 @@ pub enum AbortReason {
     Stopping,
     Failpoint,
     SinkFailed,
+    /// A sink refused a record: the transaction is redone without it.
+    SinkRefused,
 }
 
 impl AbortReason {
@@ -55,6 +57,7 @@ impl AbortReason {
             AbortReason::Stopping => "stopping_on_error",
             AbortReason::Failpoint => "failpoint",
             AbortReason::SinkFailed => "sink_failed",
+            AbortReason::SinkRefused => "sink_refused",
         }
     }
 }
@@ -163,15 +166,15 @@ pub fn record_failed(
     match on_error {
         crate::topology::OnError::DeadLetter => warn!(
             topic, partition, offset, kind, stage, attempts, %error,
-            "record failed in the pipeline; written to the dead-letter topic in this transaction"
+            "record failed; written to the dead-letter topic in this transaction"
         ),
         crate::topology::OnError::Fail => error!(
             topic, partition, offset, kind, stage, attempts, %error,
-            "record failed in the pipeline; aborting the transaction and stopping (runtime.on_error: fail)"
+            "record failed; aborting the transaction and stopping (runtime.on_error: fail)"
         ),
         crate::topology::OnError::Skip => warn!(
             topic, partition, offset, kind, stage, attempts, %error,
-            "record failed in the pipeline; skipped: its offset commits without output (runtime.on_error: skip)"
+            "record failed; skipped: its offset commits without output (runtime.on_error: skip)"
         ),
     }
 }
@@ -298,6 +301,20 @@ pub fn inbox_duplicates_absorbed(output: &str, count: u64) {
             count, "messages applied before were absorbed by the inbox"
         );
     }
+}
+
+/// A database refused a record's row (the batch committed nothing): the Kafka transaction is
+/// aborted and redone, and the record handled as a failed one when it comes again.
+pub fn sink_refused(error: &crate::sink::SinkError) {
+    let origin = error.origin.as_ref();
+    warn!(
+        output = error.output.as_str(),
+        topic = origin.map_or("", |o| o.topic.as_str()),
+        partition = origin.map_or(-1, |o| o.partition),
+        offset = origin.map_or(-1, |o| o.offset),
+        error = %error.cause,
+        "the database refused a record; redoing the transaction without it"
+    );
 }
 
 pub fn sink_record_skipped(output: &str, origin: &crate::transform::Origin) {

@@ -1,14 +1,15 @@
 //! The PostgreSQL output on a real PostgreSQL server and, for the jobs, the real broker:
 //! latest version wins over duplicates and disorder, a crash between the database commit and
 //! the Kafka commit changes nothing (a counter table counts each event once), a database
-//! restart mid-run loses nothing, and a record that violates a constraint stops the job
-//! naming it, with nothing of its batch committed.
+//! restart mid-run loses nothing, and a record the database refuses goes to the dead-letter
+//! topic (or, with `on_error: fail`, stops the job naming it) with nothing of it committed
+//! anywhere else.
 //!
 //! The tests of this file run one at a time: one of them restarts the shared server.
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -897,8 +898,149 @@ fn a_database_restart_mid_run_loses_nothing() {
     );
 }
 
+/// Refused records of the dead-letter tests: a negative amount the CHECK refuses, or a value
+/// that is not a JSON object (no row can be made of it).
+fn refused_by_check(id: u64) -> bool {
+    id % 300 == 150
+}
+
+fn not_an_object(id: u64) -> bool {
+    id % 500 == 99
+}
+
+fn checked_event(id: u64) -> (String, Value) {
+    let value = if not_an_object(id) {
+        json!(id)
+    } else {
+        let amount = if refused_by_check(id) { -1 } else { id as i64 };
+        json!({"id": id, "version": 1, "amount": amount})
+    };
+    (id.to_string(), value)
+}
+
 #[test]
-fn a_record_that_violates_a_constraint_stops_the_job_naming_it() {
+fn a_record_the_database_refuses_goes_to_the_dead_letter_topic_and_its_partition_flows() {
+    let _serial = serial();
+    let db = Db::connect();
+    let (plain, checked) = (table_name("plain"), table_name("checked"));
+    db.exec(&format!(
+        "CREATE TABLE {plain} (id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL);
+         CREATE TABLE {checked} (id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL CHECK (amount >= 0))"
+    ));
+    let input = unique("pgdlq-in");
+    let out = unique("pgdlq-out");
+    create_topics(&[&input, &out], 2);
+    // Every record goes to a topic and to two tables; only `checked` refuses negative amounts.
+    let columns = "      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: version, amount: amount}\n      batch_size: 200\n";
+    let outputs = format!(
+        "  - name: out\n    topic: {out}\n{}{}",
+        pg_output("plain", &plain, columns),
+        pg_output("checked", &checked, columns)
+    );
+    let job = job("pgdlq", &input, &outputs, "  commit_interval_ms: 200\n");
+    let dlq_topic = format!("{}.dlq", job.name);
+    create_topics(&[&dlq_topic], 1);
+
+    const N: u64 = 3_000;
+    let events: Vec<(String, Value)> = (0..N).map(checked_event).collect();
+    let bad: BTreeSet<u64> = (0..N)
+        .filter(|&id| refused_by_check(id) || not_an_object(id))
+        .collect();
+    let good: BTreeSet<u64> = (0..N).filter(|id| !bad.contains(id)).collect();
+    assert_eq!((bad.len(), good.len()), (16, 2_984));
+    let producer = std::thread::spawn({
+        let input = input.clone();
+        move || produce_json(&input, &events, Some(1_500))
+    });
+
+    // A SIGKILL mid-run, then a run to the end.
+    let mut first = Child::spawn(&job, &[], &[]);
+    let started = wait_until(Duration::from_secs(60), || {
+        db.count(&format!("SELECT count(*) FROM {checked}")) >= 700
+    });
+    first.process.kill().expect("SIGKILL");
+    first.wait(Duration::from_secs(10));
+    assert!(
+        started,
+        "no progress before the SIGKILL:\n{}",
+        first.stderr()
+    );
+    producer.join().expect("producer");
+    let second = Child::spawn(&job, &[], &[]);
+    let group = format!("onceflow.{}", job.name);
+    let done = wait_until(Duration::from_secs(120), || {
+        committed_offsets(&group, &input, 2).iter().sum::<i64>() == N as i64
+    });
+    let log = second.stderr();
+    second.terminate();
+    assert!(
+        done,
+        "the partitions did not flow past the refused records:\n{log}"
+    );
+
+    // The good records everywhere exactly once; the refused ones nowhere but the dead-letter
+    // topic: a record refused by one table leaves nothing in the other, nor in the topic.
+    let ids = |sql: String| -> Vec<u64> {
+        db.query(&sql)
+            .iter()
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .collect()
+    };
+    for table in [&plain, &checked] {
+        let rows = ids(format!("SELECT id FROM {table}"));
+        assert_exactly_once(&good, &rows);
+    }
+    assert_exactly_once(&good, &read_all(&out, 2, "read_committed"));
+    let letters = read_records(&dlq_topic, 1, "read_committed");
+    let lettered: Vec<u64> = letters
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("an id"))
+        .collect();
+    assert_exactly_once(&bad, &lettered);
+    for (letter, id) in letters.iter().zip(&lettered) {
+        let meta = |k: &str| letter.headers.get(k).map_or("", String::as_str);
+        assert_eq!(
+            letter.value.as_deref(),
+            Some(checked_event(*id).1.to_string().as_str()),
+            "the value verbatim"
+        );
+        assert_eq!(meta(onceflow::dlq::H_TOPIC), input);
+        assert!(meta(onceflow::dlq::H_OFFSET).parse::<i64>().is_ok());
+        let (kind, stage, message) = (
+            meta(onceflow::dlq::H_KIND),
+            meta(onceflow::dlq::H_STAGE),
+            meta(onceflow::dlq::H_MESSAGE),
+        );
+        if refused_by_check(*id) {
+            assert_eq!(
+                (kind, stage),
+                ("rejected", "outputs[2] (checked)"),
+                "{message}"
+            );
+            assert!(
+                message.contains("23514") && message.contains("check constraint"),
+                "{message}"
+            );
+        } else {
+            assert_eq!(
+                (kind, stage),
+                ("wrong_type", "outputs[1] (plain)"),
+                "{message}"
+            );
+            assert!(message.contains("not a JSON object"), "{message}");
+        }
+    }
+    // Each refused record cost one aborted transaction, and was dead-lettered when it came
+    // again: the log says so.
+    assert!(
+        log.contains("the database refused a record")
+            || first.stderr().contains("the database refused a record"),
+        "no refusal logged:\n{log}"
+    );
+}
+
+#[test]
+fn with_on_error_fail_a_refused_record_stops_the_job_naming_it() {
     let _serial = serial();
     let db = Db::connect();
     let table = table_name("check");
@@ -922,7 +1064,7 @@ fn a_record_that_violates_a_constraint_stops_the_job_naming_it() {
         "pgcheck",
         &input,
         &outputs,
-        "  commit_interval_ms: 2000\n  transaction_timeout_ms: 20000\n",
+        "  commit_interval_ms: 2000\n  transaction_timeout_ms: 20000\n  on_error: fail\n",
     );
 
     // 500 good records go through.
@@ -946,10 +1088,10 @@ fn a_record_that_violates_a_constraint_stops_the_job_naming_it() {
         "the job must stop on the bad record:\n{log}"
     );
     for expected in [
-        format!("record {input}[0]@550"),
+        format!("record {input}[0]@550 failed"),
+        "outputs[0] (checked): rejected".to_string(),
         "23514".to_string(),
         "check constraint".to_string(),
-        "nothing of this batch was committed".to_string(),
     ] {
         assert!(log.contains(&expected), "missing `{expected}` in:\n{log}");
     }

@@ -25,6 +25,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::dlq;
+use crate::sink::SinkErrorKind;
 use crate::telemetry::{self, AbortReason, health::Health};
 use crate::topology::{OnError, OnExhausted, Topology};
 use crate::transform::{ErrorKind, Origin, Pipeline, Record, Stage, TransformError};
@@ -47,7 +48,7 @@ pub enum EngineError {
     Fatal(String),
     #[error("consumer fenced or failed fatally: {0}")]
     ConsumerFatal(String),
-    #[error("transform failed on {topic}[{partition}]@{offset}: {message}")]
+    #[error("record {topic}[{partition}]@{offset} failed: {message}")]
     Transform {
         topic: String,
         partition: i32,
@@ -482,31 +483,38 @@ pub fn run(
                 // first, so it is not held open while waiting.
                 let mut attempt = 1;
                 let mut failure = None;
-                let processed = loop {
-                    produced.clear();
-                    let result = if injected_failures > 0 {
-                        injected_failures -= 1;
-                        Err(injected_failure())
-                    } else {
-                        pipeline.process(to_record(&msg), &mut produced)
-                    };
-                    match result {
-                        Err(e) if !e.is_permanent() && backoff.may_retry(attempt) => {
-                            match txn.commit(&consumer) {
-                                Ok(Committed::Done | Committed::Nothing) => {}
-                                // The rewind moved this partition back: the record comes again.
-                                Ok(Committed::Aborted) => break None,
-                                Err(e) => {
-                                    failure = Some(e);
-                                    break None;
+                // A record a sink refused in an aborted transaction is not processed again:
+                // it is handled as failed.
+                let refused = txn.take_refused(&origin);
+                let processed = if let Some(refusal) = refused {
+                    Some(Err(refusal))
+                } else {
+                    loop {
+                        produced.clear();
+                        let result = if injected_failures > 0 {
+                            injected_failures -= 1;
+                            Err(injected_failure())
+                        } else {
+                            pipeline.process(to_record(&msg), &mut produced)
+                        };
+                        match result {
+                            Err(e) if !e.is_permanent() && backoff.may_retry(attempt) => {
+                                match txn.commit(&consumer) {
+                                    Ok(Committed::Done | Committed::Nothing) => {}
+                                    // The rewind moved this partition back: the record comes again.
+                                    Ok(Committed::Aborted) => break None,
+                                    Err(e) => {
+                                        failure = Some(e);
+                                        break None;
+                                    }
                                 }
+                                let delay = backoff.delay(attempt, rand::random());
+                                telemetry::record_retry(&origin, &e, attempt, delay);
+                                std::thread::sleep(delay);
+                                attempt += 1;
                             }
-                            let delay = backoff.delay(attempt, rand::random());
-                            telemetry::record_retry(&origin, &e, attempt, delay);
-                            std::thread::sleep(delay);
-                            attempt += 1;
+                            other => break Some(other),
                         }
-                        other => break Some(other),
                     }
                 };
                 if let Some(e) = failure {
@@ -514,6 +522,23 @@ pub fn run(
                 }
                 let processed =
                     processed.map(|r| r.and_then(|()| check_sizes(&produced, max_message_bytes)));
+                // A record a sink cannot take (its value cannot become a row) fails like one
+                // the pipeline cannot process.
+                let processed = match processed {
+                    Some(Ok(())) if txn.has_sinks() => match txn.stage(&produced) {
+                        Ok(()) => Some(Ok(())),
+                        Err(e) if e.kind == SinkErrorKind::Permanent => Some(Err(e.failure())),
+                        Err(e) => {
+                            let _ = txn.abort_and_rewind(
+                                &consumer,
+                                AbortReason::SinkFailed,
+                                &e.to_string(),
+                            );
+                            break Err(e.into());
+                        }
+                    },
+                    other => other,
+                };
                 let mut handled = processed.is_none();
                 let exhausted_transient = matches!(&processed, Some(Err(e)) if !e.is_permanent());
                 if exhausted_transient && runtime.on_exhausted == OnExhausted::Pause {
@@ -605,18 +630,6 @@ pub fn run(
                 if handled {
                     // Dead-lettered, or to come again after a rewind.
                 } else {
-                    if txn.has_sinks() {
-                        if let Err(e) = txn.stage(&produced) {
-                            // A record no sink can take stops the job, committing nothing
-                            // of its batch: its offset is never committed.
-                            let _ = txn.abort_and_rewind(
-                                &consumer,
-                                AbortReason::SinkFailed,
-                                &e.to_string(),
-                            );
-                            break Err(e.into());
-                        }
-                    }
                     outputs.clear();
                     // Outputs without a topic are sinks, staged above.
                     outputs.extend(produced.drain(..).filter_map(|(index, r)| {

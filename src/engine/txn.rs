@@ -6,6 +6,7 @@
 //! error goes through [`classify`]: retry the same call, abort and rewind, or rebuild the
 //! producer once.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ use crate::telemetry::health::Health;
 use crate::telemetry::metrics::TopicCounts;
 use crate::telemetry::{self, AbortReason};
 use crate::topology::Guarantee;
-use crate::transform::{Origin, Record};
+use crate::transform::{Origin, Record, TransformError};
 
 /// When a transaction is due, and how long client calls may take.
 #[derive(Debug, Clone)]
@@ -144,7 +145,15 @@ pub struct Txn {
     sinks: Sinks,
     /// Whether the sinks took something of the record being added.
     staged: bool,
+    /// Records a sink refused (permanent errors naming them) in an aborted transaction: when
+    /// they come again after the rewind, they are handled as failed records instead of being
+    /// processed again.
+    refused: HashMap<Origin, TransformError>,
 }
+
+/// Refused records remembered at most; past it the memory starts over (a record forgotten
+/// is refused again and found again, at the cost of one more aborted transaction).
+const MAX_REFUSED: usize = 10_000;
 
 impl Txn {
     /// Creates the producer and registers its transactional.id with the coordinator, which
@@ -175,6 +184,7 @@ impl Txn {
             span: tracing::Span::none(),
             sinks: Sinks::default(),
             staged: false,
+            refused: HashMap::new(),
         })
     }
 
@@ -189,11 +199,23 @@ impl Txn {
     }
 
     /// Stages what the pipeline made of a consumed record in the sinks; call it right before
-    /// [`Txn::add`] of the same record. An error names a record no sink can take.
+    /// [`Txn::add`] of the same record. An error names a record no sink can take; nothing of
+    /// it stays staged.
     pub fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), SinkError> {
+        self.staged = false;
         self.sinks.stage(produced)?;
         self.staged = !produced.is_empty();
         Ok(())
+    }
+
+    /// Why a sink refused the record at `origin` in an aborted transaction, if it did: the
+    /// engine handles it as a failed record (by default, dead-letters it) instead of
+    /// processing it again.
+    pub fn take_refused(&mut self, origin: &Origin) -> Option<TransformError> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        self.refused.remove(origin)
     }
 
     /// Commits the sinks' batches, retrying transient errors while the transaction has time
@@ -373,10 +395,28 @@ impl Txn {
         // Outputs outside Kafka commit first: a crash before the Kafka commit replays the
         // batch, and they absorb the replay.
         if let Err(e) = self.flush_sinks() {
-            self.abort_and_rewind(consumer, AbortReason::SinkFailed, &e.to_string())?;
-            return match e.kind {
-                SinkErrorKind::Transient => Ok(Committed::Aborted),
-                SinkErrorKind::Permanent | SinkErrorKind::Fatal => Err(EngineError::Sink(e)),
+            return match (e.kind, &e.origin) {
+                // A record the database refuses: nothing of the batch committed. The
+                // transaction is redone without it: it comes again after the rewind, and goes
+                // the way on_error says (the records consumed before it in the transaction
+                // may have been sent to Kafka outputs already; only an abort takes them back).
+                (SinkErrorKind::Permanent, Some(origin)) => {
+                    telemetry::sink_refused(&e);
+                    if self.refused.len() >= MAX_REFUSED {
+                        self.refused.clear();
+                    }
+                    self.refused.insert(origin.clone(), e.failure());
+                    self.abort_and_rewind(consumer, AbortReason::SinkRefused, &e.to_string())?;
+                    Ok(Committed::Aborted)
+                }
+                (SinkErrorKind::Transient, _) => {
+                    self.abort_and_rewind(consumer, AbortReason::SinkFailed, &e.to_string())?;
+                    Ok(Committed::Aborted)
+                }
+                _ => {
+                    self.abort_and_rewind(consumer, AbortReason::SinkFailed, &e.to_string())?;
+                    Err(EngineError::Sink(e))
+                }
             };
         }
         match self.try_commit(consumer) {

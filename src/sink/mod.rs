@@ -3,14 +3,15 @@
 //!
 //! The transaction owner ([`crate::engine::txn`]) holds the job's [`Sinks`]. Every record the
 //! pipeline produces is staged in each sink; when the Kafka transaction commits, the sinks are
-//! flushed first (each in a database transaction of its own), and only then are the consumed
-//! offsets committed. A crash between the two replays the batch, and each sink absorbs the
+//! flushed first (each applies its batch in a database transaction of its own, and once all
+//! have, they commit), and only then are the consumed offsets committed. A crash between the two replays the batch, and each sink absorbs the
 //! replay (the PostgreSQL sink through its inbox table). An aborted Kafka transaction discards
 //! what was staged; the records come again after the rewind.
 //!
 //! Errors carry what to do about them ([`SinkErrorKind`]): transient ones are retried with
-//! backoff within the transaction's time; a permanent one is a record's fault and names it
-//! (the hook for dead-lettering); a fatal one stops the job.
+//! backoff within the transaction's time; a permanent one is a record's fault and names it,
+//! and the record then goes the way `runtime.on_error` says (by default to the dead-letter
+//! topic, [`SinkError::failure`]); a fatal one stops the job.
 
 pub mod postgres;
 
@@ -18,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::telemetry;
 use crate::topology::Topology;
-use crate::transform::{Origin, Record};
-use postgres::{PostgresError, PostgresSink};
+use crate::transform::{ErrorKind, Origin, Record, Stage, TransformError};
+use postgres::{PostgresError, PostgresSink, RecordError};
 
 /// What to do about a sink error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +29,8 @@ pub enum SinkErrorKind {
     /// retry with backoff, or abort and rewind the Kafka transaction when time runs out.
     Transient,
     /// The record named by the error can never be written (a constraint violation, a value
-    /// that is not JSON): it belongs on a dead-letter topic. Until one exists, the job stops.
+    /// that is not JSON): it goes the way `runtime.on_error` says, by default to the
+    /// dead-letter topic.
     Permanent,
     /// The output itself is unusable (configuration, permissions, a missing table): stop.
     Fatal,
@@ -41,6 +43,8 @@ pub struct SinkError {
     pub kind: SinkErrorKind,
     /// The output's name in the topology.
     pub output: String,
+    /// The output's index in the topology, when known.
+    pub index: Option<usize>,
     /// The consumed record at fault.
     pub origin: Option<Origin>,
     /// What went wrong (already part of the message, so not repeated as its source).
@@ -56,7 +60,7 @@ fn at(origin: &Option<Origin>) -> String {
 fn advice(kind: SinkErrorKind) -> &'static str {
     match kind {
         SinkErrorKind::Permanent => {
-            " (a permanent error: nothing of this batch was committed, neither in the database nor in Kafka; with no dead-letter topic yet the job stops: fix the record or the table, then restart)"
+            " (a permanent error: nothing of this batch was committed, neither in the database nor in Kafka; the record goes the way runtime.on_error says)"
         }
         SinkErrorKind::Transient => " (transient: retried until the transaction's time ran out)",
         SinkErrorKind::Fatal => "",
@@ -68,8 +72,35 @@ impl SinkError {
         SinkError {
             kind: cause.kind(),
             output: output.to_string(),
+            index: None,
             origin,
             cause: Box::new(cause),
+        }
+    }
+
+    fn at_output(mut self, index: usize) -> SinkError {
+        self.index = Some(index);
+        self
+    }
+
+    /// The record's failure, as the engine handles a record the pipeline could not process:
+    /// a row the database refused is `rejected`; a value that cannot become a row is
+    /// `wrong_type` or `missing_field`, as it would be in the pipeline.
+    pub fn failure(&self) -> TransformError {
+        let kind = match &*self.cause {
+            PostgresError::Record(RecordError::NotAnObject(_)) => ErrorKind::WrongType,
+            PostgresError::Record(RecordError::Missing { .. } | RecordError::NoEventId(_)) => {
+                ErrorKind::MissingField
+            }
+            _ => ErrorKind::Rejected,
+        };
+        TransformError {
+            kind,
+            stage: Stage::Output {
+                index: self.index.unwrap_or_default(),
+                name: self.output.clone(),
+            },
+            message: self.cause.to_string(),
         }
     }
 }
@@ -150,12 +181,24 @@ impl Sinks {
     /// Stages what the pipeline made of one consumed record (pairs of output index and
     /// record) in the sinks of those outputs.
     pub fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), SinkError> {
-        for (index, sink) in &mut self.postgres {
+        let mut failed = None;
+        'sinks: for (index, sink) in &mut self.postgres {
             for (_, record) in produced.iter().filter(|(i, _)| i == index) {
-                sink.stage(record)?;
+                if let Err(e) = sink.stage(record) {
+                    failed = Some((e.at_output(*index), record.origin.clone()));
+                    break 'sinks;
+                }
             }
         }
-        Ok(())
+        match failed {
+            None => Ok(()),
+            Some((e, origin)) => {
+                // Whatever the other sinks took of this record goes too: a record is written
+                // whole or not at all.
+                self.discard_record(&origin);
+                Err(e)
+            }
+        }
     }
 
     /// Whether a sink holds a full batch: the transaction should commit.
@@ -165,9 +208,23 @@ impl Sinks {
 
     /// Writes and commits what every sink staged, retrying transient errors until
     /// `deadline`. Called right before the Kafka transaction commits.
+    ///
+    /// Every sink applies its batch first, each in a database transaction left open, and
+    /// only then do they commit: a record one output refuses leaves nothing in the others.
+    /// (A failure between two of the commits is one of the crashes the inboxes absorb: the
+    /// Kafka transaction does not commit, and the batch comes again.)
     pub fn flush(&mut self, deadline: Instant) -> Result<(), SinkError> {
-        for (_, sink) in &mut self.postgres {
-            if sink.flush(deadline)? {
+        let failed = self
+            .postgres
+            .iter_mut()
+            .find_map(|(index, sink)| sink.apply(deadline).err().map(|e| e.at_output(*index)));
+        if let Some(e) = failed {
+            // Rolls back what the others applied: the Kafka transaction aborts too.
+            self.discard();
+            return Err(e);
+        }
+        for (index, sink) in &mut self.postgres {
+            if sink.commit().map_err(|e| e.at_output(*index))? {
                 self.db_commits += 1;
                 if self.exit_after_db_commit == Some(self.db_commits) {
                     telemetry::failpoint_exit_after_db_commit(self.db_commits);
@@ -185,9 +242,7 @@ impl Sinks {
         }
     }
 
-    /// Forgets what was staged for one consumed record, keeping the rest: the hook for
-    /// routing a record named by a permanent error to a dead-letter topic and flushing the
-    /// batch again without it.
+    /// Forgets what was staged for one consumed record, keeping the rest.
     pub fn discard_record(&mut self, origin: &Origin) {
         for (_, sink) in &mut self.postgres {
             sink.discard_record(origin);

@@ -722,6 +722,21 @@ impl Topology {
                     message: "a postgres output needs a name of 1-100 characters of [A-Za-z0-9._-]; it keys the output's inbox, so keep it stable".into(),
                 }),
             }
+            // Each output applies its batch in a database transaction of its own, and all of
+            // them commit together: two writing one table would wait on each other's rows.
+            if self.outputs[..i].iter().any(|o| {
+                o.postgres
+                    .as_ref()
+                    .is_some_and(|p| p.url_env == pg.url_env && p.table == pg.table)
+            }) {
+                issues.push(ConfigIssue {
+                    path: format!("{at}.postgres.table"),
+                    message: format!(
+                        "another postgres output writes `{}` through `{}` too; one output per table (its `columns` can take every field needed)",
+                        pg.table, pg.url_env
+                    ),
+                });
+            }
             pg.validate(&format!("{at}.postgres"), &mut issues);
         }
         issues
@@ -853,6 +868,22 @@ mod postgres_tests {
         let t = Topology::parse(&text, "t.yaml").unwrap();
         assert_eq!(t.output_topics(), vec!["out", ""]);
         assert_eq!(t.postgres_outputs().count(), 1);
+    }
+
+    #[test]
+    fn two_postgres_outputs_may_not_write_one_table() {
+        let second = "  - name: again\n    postgres:\n      url_env: ORDERS_DB_URL\n      table: sales.orders\n      id_columns: [id]\n      columns: {id: id}\n";
+        let text = format!("{PG}{second}").replace(
+            "outputs:\n",
+            "pipeline:\n  - route: {routes: [{when: 'true', to: [orders_db, again]}], default: [again]}\noutputs:\n",
+        );
+        let issues = Topology::parse(&text, "t.yaml").unwrap_err().to_string();
+        assert!(
+            issues.contains(
+                "outputs[1].postgres.table: another postgres output writes `sales.orders`"
+            ),
+            "{issues}"
+        );
     }
 
     #[test]

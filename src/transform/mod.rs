@@ -24,7 +24,7 @@ use crate::topology::{
 use expr::{Expression, Needs, Scope, ValueRef};
 
 /// Where a consumed record came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
     pub topic: String,
     pub partition: i32,
@@ -64,6 +64,9 @@ pub enum ErrorKind {
     TooLarge,
     /// Something the record needs is unavailable for now (a sink, a registry): retry.
     Unavailable,
+    /// An output outside Kafka refused the record's row: a constraint it violates, or a value
+    /// that does not fit its column.
+    Rejected,
 }
 
 impl ErrorKind {
@@ -74,7 +77,8 @@ impl ErrorKind {
             | ErrorKind::MissingField
             | ErrorKind::WrongType
             | ErrorKind::Expression
-            | ErrorKind::TooLarge => true,
+            | ErrorKind::TooLarge
+            | ErrorKind::Rejected => true,
             ErrorKind::Unavailable => false,
         }
     }
@@ -88,6 +92,7 @@ impl ErrorKind {
             ErrorKind::Expression => "expression",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Rejected => "rejected",
         }
     }
 }

@@ -83,6 +83,9 @@ pub struct PostgresSink {
     conn: Option<Conn>,
     next_cleanup: Instant,
     cleaning: bool,
+    /// The staged batch is applied in a database transaction left open on `conn`, waiting
+    /// for [`PostgresSink::commit`]: what it did, and when the flush began.
+    applied: Option<(Applied, Instant)>,
 }
 
 impl PostgresSink {
@@ -143,6 +146,7 @@ impl PostgresSink {
             conn: None,
             next_cleanup: Instant::now(),
             cleaning: false,
+            applied: None,
         };
         let deadline = Instant::now() + STARTUP_RETRY;
         let mut backoff = Backoff::default();
@@ -283,7 +287,9 @@ impl PostgresSink {
         self.staged.len() >= self.config.batch_size
     }
 
+    /// Forgets the staged batch, rolling back its database transaction if it is open.
     pub fn discard(&mut self) {
+        self.rollback();
         self.staged.clear();
     }
 
@@ -291,17 +297,27 @@ impl PostgresSink {
         self.staged.remove(origin);
     }
 
-    /// Applies and commits the staged batch in one database transaction. Transient errors are
-    /// retried with backoff until `deadline`; a permanent one is traced to its record (row by
-    /// row, nothing committed). Returns whether a database transaction committed.
+    /// Applies and commits the staged batch in one database transaction ([`Self::apply`]
+    /// then [`Self::commit`]). Returns whether a database transaction committed.
     pub fn flush(&mut self, deadline: Instant) -> Result<bool, SinkError> {
+        self.apply(deadline)?;
+        self.commit()
+    }
+
+    /// Applies the staged batch in a database transaction and leaves it open for
+    /// [`Self::commit`] (or [`Self::discard`]), so that several outputs commit only once each
+    /// has applied its batch. Transient errors are retried with backoff until `deadline`; a
+    /// permanent one is traced to its record (row by row, nothing committed). Returns whether
+    /// there was anything to apply.
+    pub fn apply(&mut self, deadline: Instant) -> Result<bool, SinkError> {
+        self.rollback();
         if self.staged.is_empty() {
             return Ok(false);
         }
         let started = Instant::now();
         let mut backoff = Backoff::default();
         let applied = loop {
-            match self.apply(deadline) {
+            match self.apply_once(deadline) {
                 Ok(applied) => break applied,
                 Err(e) => match e.kind() {
                     SinkErrorKind::Transient => {
@@ -321,6 +337,33 @@ impl PostgresSink {
                 },
             }
         };
+        self.applied = Some((applied, started));
+        Ok(true)
+    }
+
+    /// Commits the batch [`Self::apply`] left open; returns whether there was one. A failure
+    /// leaves the outcome unknown (the connection is dropped): the Kafka transaction must not
+    /// commit, and the batch comes again, absorbed by the inbox if it did commit.
+    pub fn commit(&mut self) -> Result<bool, SinkError> {
+        let Some((applied, started)) = self.applied.take() else {
+            return Ok(false);
+        };
+        let limit = Duration::from_secs(30);
+        let result = match self.conn.as_ref() {
+            // Not reached: a batch is applied on a connection, and only a failure drops it.
+            None => Err(PostgresError::Timeout(Duration::ZERO)),
+            Some(conn) => self.runtime.block_on(async {
+                tokio::time::timeout(limit, conn.client.batch_execute("COMMIT"))
+                    .await
+                    .map_or(Err(PostgresError::Timeout(limit)), |r| {
+                        r.map_err(PostgresError::from)
+                    })
+            }),
+        };
+        if let Err(e) = result {
+            self.conn = None;
+            return Err(SinkError::new(&self.output, None, e));
+        }
         telemetry::postgres_batch_committed(
             &self.output,
             self.staged.len() as u64,
@@ -332,9 +375,30 @@ impl PostgresSink {
         Ok(true)
     }
 
+    /// Rolls back the batch [`Self::apply`] left open, if any (a connection that cannot is
+    /// dropped, which rolls back too).
+    fn rollback(&mut self) {
+        if self.applied.take().is_none() {
+            return;
+        }
+        let rolled_back = self.conn.as_ref().is_some_and(|conn| {
+            self.runtime.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    conn.client.batch_execute("ROLLBACK"),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok())
+            })
+        });
+        if !rolled_back {
+            self.conn = None;
+        }
+    }
+
     /// One attempt at the batch, optimistic first unless replays were seen lately; a batch
     /// that holds a message applied before goes again at once with the careful statement.
-    fn apply(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
+    fn apply_once(&mut self, deadline: Instant) -> Result<Applied, PostgresError> {
         if self.careful == 0 {
             match self.apply_with(deadline, true) {
                 Err(PostgresError::Db(e)) if self.is_inbox_conflict(&e) => {
@@ -360,8 +424,8 @@ impl PostgresSink {
             && e.as_db_error().and_then(|d| d.table()) == Some(inbox)
     }
 
-    /// One attempt at the batch: begin, apply, commit. A broken or silent connection is
-    /// dropped (an unknown commit outcome is fine: a retry is absorbed by the inbox).
+    /// One attempt at the batch: begin and apply, leaving the transaction open on success and
+    /// rolled back on failure. A broken or silent connection is dropped.
     fn apply_with(
         &mut self,
         deadline: Instant,
@@ -388,11 +452,17 @@ impl PostgresSink {
             let apply = if optimistic { fast } else { apply };
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
-                    let tx = client.transaction().await?;
-                    let row = tx
+                    client.batch_execute("BEGIN").await?;
+                    let row = match client
                         .query_one(&*apply, &args(apply, staged, consumer, target))
-                        .await?;
-                    tx.commit().await?;
+                        .await
+                    {
+                        Ok(row) => row,
+                        Err(e) => {
+                            client.batch_execute("ROLLBACK").await?;
+                            return Err(e.into());
+                        }
+                    };
                     Ok(Applied {
                         messages: staged.messages(),
                         fresh: count(&row, 0),
