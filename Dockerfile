@@ -7,7 +7,7 @@ COPY benches ./benches
 RUN cargo build --release --locked --bin onceflow
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates zlib1g \
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
     && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 onceflow
 COPY --from=build /src/target/release/onceflow /usr/local/bin/onceflow
 COPY topologies /etc/onceflow/topologies

@@ -1109,3 +1109,80 @@ fn with_on_error_fail_a_refused_record_stops_the_job_naming_it() {
         vec![500]
     );
 }
+
+/// The CA that signed the test server's certificate (`scripts/postgres ca`).
+fn pg_ca() -> String {
+    std::env::var("ONCEFLOW_TEST_PG_CA").expect(
+        "ONCEFLOW_TEST_PG_CA is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
+    )
+}
+
+#[test]
+fn connections_are_encrypted_and_the_server_verified_as_the_url_says() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = table_name("tls");
+    db.exec(&format!("CREATE TABLE {table} (id bigint PRIMARY KEY)"));
+    let config = sink_config(&table, "      id_columns: [id]\n      columns: {id: id}\n");
+    let (by_ip, ca) = (pg_url(), pg_ca());
+    let by_name = by_ip.replace("127.0.0.1", "localhost");
+    // Whether the server sees the sink's session of `topology` encrypted.
+    let encrypted = |topology: &str| -> Vec<bool> {
+        db.query(&format!(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = 'onceflow/{topology}/db'"
+        ))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    for (mode, url, tls) in [
+        ("prefer", by_ip.clone(), true),
+        ("disable", format!("{by_ip}?sslmode=disable"), false),
+        ("require", format!("{by_ip}?sslmode=require"), true),
+        (
+            "verify-ca",
+            format!("{by_ip}?sslmode=verify-ca&sslrootcert={ca}"),
+            true,
+        ),
+        (
+            "verify-full",
+            format!("{by_name}?sslmode=verify-full&sslrootcert={ca}"),
+            true,
+        ),
+        (
+            "verify-full-ip",
+            format!("{by_ip}?sslmode=verify-full&sslrootcert={ca}"),
+            true,
+        ),
+    ] {
+        // Short: the server keeps 63 bytes of an application name.
+        let topology = format!("tls-{mode}-{}", rand::random::<u32>());
+        let mut sink = PostgresSink::connect_url(&topology, "db", &config, &url)
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        sink.stage(&rec(1, json!({"id": 1}))).expect("staged");
+        assert!(sink.flush(far()).expect("flushed"), "{mode}");
+        assert_eq!(encrypted(&topology), vec![tls], "{mode}: session encrypted");
+    }
+    assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 1);
+
+    // The server's CA is not among the system's roots: verify-full without sslrootcert is
+    // refused at once, as a setup error (not retried as if the server were down).
+    for url in [
+        format!("{by_name}?sslmode=verify-full"),
+        format!("{by_name}?sslmode=verify-ca"),
+    ] {
+        let started = Instant::now();
+        let err = PostgresSink::connect_url("tls-untrusted", "db", &config, &url)
+            .err()
+            .expect("an untrusted server is refused");
+        assert_eq!(err.kind, SinkErrorKind::Fatal, "{err}");
+        assert!(
+            err.to_string().contains("certificate verify failed"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "retried: {err}"
+        );
+    }
+}

@@ -13,7 +13,8 @@ use super::ConfigIssue;
 #[serde(deny_unknown_fields)]
 pub struct PostgresOutput {
     /// Name of the environment variable that holds the connection URL
-    /// (`postgres://user:password@host:port/database`), so no secret sits in the file.
+    /// (`postgres://user:password@host:port/database?sslmode=verify-full&sslrootcert=ca.pem`),
+    /// so no secret sits in the file. TLS follows libpq's `sslmode` ([`crate::sink::postgres::tls`]).
     pub url_env: String,
     /// Target table, optionally schema-qualified (`sales.orders`). onceflow never alters it;
     /// it needs a primary key or unique index on exactly `id_columns`.

@@ -13,14 +13,17 @@
 pub mod batch;
 pub mod error;
 pub mod sql;
+pub mod tls;
 
 use std::time::{Duration, Instant};
 
+use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
 
 pub use batch::RecordError;
 use batch::{Mapping, Staged};
 pub use error::PostgresError;
+use tls::{SslMode, Tls};
 
 use super::{Backoff, SinkError, SinkErrorKind};
 use crate::telemetry;
@@ -73,6 +76,8 @@ pub struct PostgresSink {
     target: String,
     config: PostgresOutput,
     pg: tokio_postgres::Config,
+    /// TLS for the connections; `None` with `sslmode=disable`.
+    tls: Option<MakeTlsConnector>,
     mapping: Mapping,
     apply_sql: String,
     optimistic_sql: String,
@@ -114,13 +119,21 @@ impl PostgresSink {
         url: &str,
     ) -> Result<PostgresSink, SinkError> {
         let fail = |cause| SinkError::new(output, None, cause);
-        let mut pg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+        let bad_url = |message: String| {
             // The URL may hold a password: name the variable, not the value.
             fail(PostgresError::BadUrl {
                 var: config.url_env.clone(),
-                message: e.to_string(),
+                message,
             })
-        })?;
+        };
+        let (url, tls) = Tls::split(url).map_err(bad_url)?;
+        let tls = match tls.mode {
+            SslMode::Disable => None,
+            _ => Some(tls.connector().map_err(bad_url)?),
+        };
+        let mut pg: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| bad_url(e.to_string()))?;
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(Duration::from_secs(5));
         }
@@ -137,6 +150,7 @@ impl PostgresSink {
             target: config.table.clone(),
             config: config.clone(),
             pg,
+            tls,
             mapping: Mapping::new(config),
             apply_sql: String::new(),
             optimistic_sql: String::new(),
@@ -172,6 +186,7 @@ impl PostgresSink {
         let PostgresSink {
             runtime,
             pg,
+            tls,
             config,
             ..
         } = self;
@@ -179,7 +194,7 @@ impl PostgresSink {
         // The timer is made inside block_on: it needs the runtime's reactor.
         let inspected = runtime.block_on(async {
             tokio::time::timeout(limit, async {
-            let (client, task) = open(pg).await?;
+            let (client, task) = open(pg, tls).await?;
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
             let markers = config.delete_when.is_some() && config.version_column.is_some();
@@ -227,13 +242,14 @@ impl PostgresSink {
             let PostgresSink {
                 runtime,
                 pg,
+                tls,
                 apply_sql,
                 optimistic_sql,
                 ..
             } = self;
             let conn = runtime.block_on(async {
                 tokio::time::timeout(Duration::from_secs(10), async {
-                    let (client, task) = open(pg).await?;
+                    let (client, task) = open(pg, tls).await?;
                     let task = AbortOnDrop(Some(task));
                     // The database commit must be durable before the Kafka commit, or a
                     // database crash in between would lose what Kafka counts as done.
@@ -597,12 +613,19 @@ impl PostgresSink {
 /// Connects and spawns the connection's task on the current runtime.
 async fn open(
     pg: &tokio_postgres::Config,
+    tls: &Option<MakeTlsConnector>,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), PostgresError> {
-    let (client, connection) = pg.connect(NoTls).await?;
-    let task = tokio::spawn(async move {
-        // Its errors surface on the client's next call.
-        let _ = connection.await;
-    });
+    // Its errors surface on the client's next call.
+    let (client, task) = match tls {
+        None => {
+            let (client, connection) = pg.connect(NoTls).await?;
+            (client, tokio::spawn(async move { drop(connection.await) }))
+        }
+        Some(tls) => {
+            let (client, connection) = pg.connect(tls.clone()).await?;
+            (client, tokio::spawn(async move { drop(connection.await) }))
+        }
+    };
     Ok((client, task))
 }
 

@@ -1,0 +1,215 @@
+//! TLS for the sink's connections, as libpq's `sslmode` and `sslrootcert` say.
+//!
+//! tokio-postgres knows `sslmode=disable|prefer|require` only, and leaves certificates to the
+//! TLS connector. The connection string is read here first: `verify-ca` and `verify-full` are
+//! taken out (tokio-postgres is told `require`), so is `sslrootcert`, and the OpenSSL connector
+//! is built to match libpq:
+//!
+//! | `sslmode` | encrypted | server verified |
+//! |---|---|---|
+//! | `disable` | never | no |
+//! | `prefer` (default) | when the server offers TLS | no |
+//! | `require` | always | no (as `verify-ca` when `sslrootcert` is given, like libpq) |
+//! | `verify-ca` | always | its certificate chains to `sslrootcert` (default: the system's roots) |
+//! | `verify-full` | always | as `verify-ca`, and the certificate names the host connected to |
+
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use postgres_openssl::MakeTlsConnector;
+
+/// How a connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// The TLS part of a connection string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub mode: SslMode,
+    /// PEM file of the certificate authorities to trust, instead of the system's.
+    pub root_cert: Option<String>,
+}
+
+impl Tls {
+    /// Splits a connection string (URL or `key=value` form) into what tokio-postgres takes and
+    /// the TLS settings.
+    pub fn split(conn: &str) -> Result<(String, Tls), String> {
+        let mut tls = Tls {
+            mode: SslMode::Prefer,
+            root_cert: None,
+        };
+        let mut take = |key: &str, value: &str| -> Result<Option<String>, String> {
+            match key {
+                "sslmode" => {
+                    let (mode, passed) = match value {
+                        "disable" => (SslMode::Disable, "disable"),
+                        "prefer" => (SslMode::Prefer, "prefer"),
+                        "require" => (SslMode::Require, "require"),
+                        "verify-ca" => (SslMode::VerifyCa, "require"),
+                        "verify-full" => (SslMode::VerifyFull, "require"),
+                        other => {
+                            return Err(format!(
+                                "sslmode `{other}` is not one of disable, prefer, require, verify-ca, verify-full"
+                            ));
+                        }
+                    };
+                    tls.mode = mode;
+                    Ok(Some(format!("sslmode={passed}")))
+                }
+                "sslrootcert" => {
+                    tls.root_cert = Some(value.to_string());
+                    Ok(None)
+                }
+                _ => Ok(Some(format!("{key}={value}"))),
+            }
+        };
+        let rest = if let Some((base, query)) = conn
+            .split_once('?')
+            .filter(|_| conn.starts_with("postgres://") || conn.starts_with("postgresql://"))
+        {
+            let mut kept = Vec::new();
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let value = percent_decode(value);
+                if let Some(p) = take(key, &value)? {
+                    // Kept pairs go back as they came.
+                    kept.push(if key == "sslmode" {
+                        p
+                    } else {
+                        pair.to_string()
+                    });
+                }
+            }
+            if kept.is_empty() {
+                base.to_string()
+            } else {
+                format!("{base}?{}", kept.join("&"))
+            }
+        } else if conn.contains("://") {
+            conn.to_string()
+        } else {
+            // key=value form; values with spaces are quoted, which is left alone here.
+            let mut kept = Vec::new();
+            for word in conn.split_whitespace() {
+                match word.split_once('=') {
+                    Some((key, value)) if key == "sslmode" || key == "sslrootcert" => {
+                        if let Some(p) = take(key, value.trim_matches('\''))? {
+                            kept.push(p);
+                        }
+                    }
+                    _ => kept.push(word.to_string()),
+                }
+            }
+            kept.join(" ")
+        };
+        if tls.mode == SslMode::Require && tls.root_cert.is_some() {
+            tls.mode = SslMode::VerifyCa;
+        }
+        Ok((rest, tls))
+    }
+
+    /// The OpenSSL connector for these settings (not used with `disable`).
+    pub fn connector(&self) -> Result<MakeTlsConnector, String> {
+        let fail = |what: &str, e: openssl::error::ErrorStack| format!("TLS setup: {what}: {e}");
+        let mut builder =
+            SslConnector::builder(SslMethod::tls_client()).map_err(|e| fail("OpenSSL", e))?;
+        let verify = matches!(self.mode, SslMode::VerifyCa | SslMode::VerifyFull);
+        if verify {
+            if let Some(path) = &self.root_cert {
+                builder
+                    .set_ca_file(path)
+                    .map_err(|e| fail(&format!("cannot read sslrootcert `{path}`"), e))?;
+            }
+            builder.set_verify(SslVerifyMode::PEER);
+        } else {
+            builder.set_verify(SslVerifyMode::NONE);
+        }
+        let mut connector = MakeTlsConnector::new(builder.build());
+        let check_host = self.mode == SslMode::VerifyFull;
+        connector.set_callback(move |config, _host| {
+            config.set_verify_hostname(check_host);
+            Ok(())
+        });
+        Ok(connector)
+    }
+}
+
+/// Decodes `%XX` escapes of a URL query value (a path in `sslrootcert` may hold some).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(s: &str) -> (String, Tls) {
+        Tls::split(s).unwrap()
+    }
+
+    #[test]
+    fn libpq_modes_map_to_what_tokio_postgres_takes() {
+        let (url, tls) = split("postgres://u:p@db:5432/app");
+        assert_eq!(url, "postgres://u:p@db:5432/app");
+        assert_eq!(tls.mode, SslMode::Prefer);
+
+        let (url, tls) = split(
+            "postgres://u:p@db/app?application_name=x&sslmode=verify-full&sslrootcert=/etc/ca%20dir/ca.pem",
+        );
+        assert_eq!(
+            url,
+            "postgres://u:p@db/app?application_name=x&sslmode=require"
+        );
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.root_cert.as_deref(), Some("/etc/ca dir/ca.pem"));
+
+        let (url, tls) = split("postgresql://db/app?sslmode=require&sslrootcert=ca.pem");
+        assert_eq!(url, "postgresql://db/app?sslmode=require");
+        assert_eq!(
+            tls.mode,
+            SslMode::VerifyCa,
+            "require with a root cert verifies it"
+        );
+
+        let (url, tls) = split("host=db user=u sslmode=verify-ca sslrootcert=/ca.pem dbname=app");
+        assert_eq!(url, "host=db user=u sslmode=require dbname=app");
+        assert_eq!(tls.mode, SslMode::VerifyCa);
+
+        assert_eq!(
+            split("postgres://db/app?sslmode=disable").1.mode,
+            SslMode::Disable
+        );
+        let err = Tls::split("postgres://db/app?sslmode=allow").unwrap_err();
+        assert!(err.contains("sslmode `allow`"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_root_cert_file_is_named() {
+        let tls = Tls {
+            mode: SslMode::VerifyFull,
+            root_cert: Some("/nonexistent/ca.pem".into()),
+        };
+        let err = tls.connector().err().expect("an error");
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+}
