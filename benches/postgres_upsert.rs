@@ -110,6 +110,26 @@ fn copy_line(id: usize, version: usize, out: &mut Vec<u8>) {
     );
 }
 
+/// A sink writing `table` through `url` (with `sslmode`, unless the URL names one).
+fn sink_for(consumer: &str, table: &str, batch: usize, url: &str, sslmode: &str) -> PostgresSink {
+    let text = format!(
+        "name: bench\ninputs: [{{topic: bench}}]\noutputs:\n  - name: bench\n    postgres:\n      url_env: ONCEFLOW_BENCH_PG_URL\n      table: {table}\n      id_columns: [id]\n      version_column: version\n      columns: {{id: id, version: version, customer: customer, amount: amount, status: status, updated_at: updated_at}}\n      batch_size: {batch}\n"
+    );
+    let topology = Topology::parse(&text, "bench").expect("topology");
+    let (_, config) = topology.postgres_outputs().next().expect("output");
+    PostgresSink::connect_url(consumer, "bench", config, &with_sslmode(url, sslmode)).expect("sink")
+}
+
+/// `url` with `sslmode=mode`, unless it names one already.
+fn with_sslmode(url: &str, mode: &str) -> String {
+    if url.contains("sslmode=") {
+        url.to_string()
+    } else {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}sslmode={mode}")
+    }
+}
+
 fn records(n: usize, version: usize, first_offset: i64) -> Vec<Record> {
     (0..n)
         .map(|i| Record {
@@ -162,19 +182,20 @@ fn main() {
     let batch = env_usize("ONCEFLOW_BENCH_BATCH", 5_000);
     let db = Db::connect(&url);
     let tag = format!("{}_{}", std::process::id(), rand::random::<u32>());
-    let (upsert_table, copy_table) = (format!("bench_upsert_{tag}"), format!("bench_copy_{tag}"));
+    let (upsert_table, copy_table, tls_table) = (
+        format!("bench_upsert_{tag}"),
+        format!("bench_copy_{tag}"),
+        format!("bench_tls_{tag}"),
+    );
     db.exec(&format!(
-        "CREATE TABLE {upsert_table} ({COLUMNS}); CREATE TABLE {copy_table} ({COLUMNS});"
+        "CREATE TABLE {upsert_table} ({COLUMNS}); CREATE TABLE {copy_table} ({COLUMNS}); CREATE TABLE {tls_table} ({COLUMNS});"
     ));
 
-    let topology_text = format!(
-        "name: bench\ninputs: [{{topic: bench}}]\noutputs:\n  - name: bench\n    postgres:\n      url_env: ONCEFLOW_BENCH_PG_URL\n      table: {upsert_table}\n      id_columns: [id]\n      version_column: version\n      columns: {{id: id, version: version, customer: customer, amount: amount, status: status, updated_at: updated_at}}\n      batch_size: {batch}\n"
-    );
-    let topology = Topology::parse(&topology_text, "bench").expect("topology");
-    let (_, config) = topology.postgres_outputs().next().expect("output");
     let consumer_topology = format!("bench-{tag}");
-    let mut sink =
-        PostgresSink::connect_url(&consumer_topology, "bench", config, &url).expect("sink");
+    // The sink talks to the server as COPY does, in plaintext (unless the URL says otherwise);
+    // one more sink inserts the same rows into a table of its own over TLS.
+    let mut sink = sink_for(&consumer_topology, &upsert_table, batch, &url, "disable");
+    let mut tls_sink = sink_for(&consumer_topology, &tls_table, batch, &url, "require");
 
     // COPY: the same rows, preformatted, into an empty table with the same primary key.
     let mut copy_data = Vec::with_capacity(n * 80);
@@ -188,7 +209,8 @@ fn main() {
 
     let inserts = records(n, 1, 0);
     let insert_time = write(&mut sink, &inserts, batch);
-    let updates = records(n, 2, n as i64);
+    let tls_time = write(&mut tls_sink, &records(n, 1, n as i64), batch);
+    let updates = records(n, 2, 2 * n as i64);
     let update_time = write(&mut sink, &updates, batch);
     let replay_time = write(&mut sink, &updates, batch);
 
@@ -196,6 +218,10 @@ fn main() {
         db.count(&format!(
             "SELECT count(*) FROM {upsert_table} WHERE version = 2"
         )),
+        n as i64
+    );
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM {tls_table}")),
         n as i64
     );
 
@@ -216,6 +242,11 @@ fn main() {
             "sink: insert",
             "new ids: inbox + upsert, one transaction per batch",
             insert_time,
+        ),
+        (
+            "sink: insert over TLS",
+            "as insert, into a table of its own, over TLS (sslmode=require)",
+            tls_time,
         ),
         (
             "sink: update",
@@ -240,8 +271,8 @@ fn main() {
         100.0 * copy_time.0.as_secs_f64() / insert_time.0.as_secs_f64()
     );
 
-    drop(sink);
+    drop((sink, tls_sink));
     db.exec(&format!(
-        "DROP TABLE {upsert_table}; DROP TABLE {copy_table}; DELETE FROM onceflow_inbox WHERE consumer = '{consumer_topology}/bench';"
+        "DROP TABLE {upsert_table}; DROP TABLE {copy_table}; DROP TABLE {tls_table}; DELETE FROM onceflow_inbox WHERE consumer = '{consumer_topology}/bench';"
     ));
 }

@@ -178,9 +178,35 @@ pub enum DlqError {
     Other(String),
 }
 
-fn reader(bootstrap: &str, group: &str) -> Result<BaseConsumer, DlqError> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+/// Where the dead-letter topic is: bootstrap servers, and librdkafka settings for both
+/// clients of a command (security: `security.protocol`, `ssl.ca.location`, `sasl.*`...).
+#[derive(Debug, Clone, Default)]
+pub struct Kafka {
+    pub bootstrap: String,
+    pub settings: Vec<(String, String)>,
+}
+
+impl Kafka {
+    pub fn new(bootstrap: &str) -> Kafka {
+        Kafka {
+            bootstrap: bootstrap.to_string(),
+            settings: Vec::new(),
+        }
+    }
+
+    fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        for (key, value) in &self.settings {
+            config.set(key, value);
+        }
+        config.set("bootstrap.servers", &self.bootstrap);
+        config
+    }
+}
+
+fn reader(kafka: &Kafka, group: &str) -> Result<BaseConsumer, DlqError> {
+    Ok(kafka
+        .config()
         .set("group.id", group)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
@@ -291,7 +317,7 @@ fn shorten(bytes: Option<&[u8]>, max: usize) -> String {
 
 /// Prints the dead-letter records of `topic` as a table.
 pub fn inspect(
-    bootstrap: &str,
+    kafka: &Kafka,
     topic: &str,
     filter: &Filter,
     limit: usize,
@@ -299,7 +325,7 @@ pub fn inspect(
 ) -> Result<usize, DlqError> {
     // A throwaway group: inspecting never moves anybody's offsets.
     let group = format!("onceflow.inspect.{}", std::process::id());
-    let consumer = reader(bootstrap, &group)?;
+    let consumer = reader(kafka, &group)?;
     let mut shown = 0;
     writeln!(
         out,
@@ -348,16 +374,16 @@ pub struct Replayed {
 /// group's offsets on the dead-letter topic: a second replay over the same range finds
 /// nothing new. `progress` is called after every transaction with (records read, total).
 pub fn replay(
-    bootstrap: &str,
+    kafka: &Kafka,
     topic: &str,
     filter: &Filter,
     to: Option<&str>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Replayed, DlqError> {
     let group = format!("onceflow.replay.{topic}.{}", filter.tag());
-    let consumer = reader(bootstrap, &group)?;
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer = reader(kafka, &group)?;
+    let producer: BaseProducer = kafka
+        .config()
         .set("transactional.id", &group)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")

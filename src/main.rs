@@ -122,9 +122,8 @@ enum DlqCommand {
         topic: String,
         #[command(flatten)]
         filter: DlqFilter,
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "ONCEFLOW_BOOTSTRAP_SERVERS")]
-        bootstrap_servers: String,
+        #[command(flatten)]
+        kafka: KafkaArgs,
         /// Show at most this many records.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -136,13 +135,39 @@ enum DlqCommand {
         topic: String,
         #[command(flatten)]
         filter: DlqFilter,
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "ONCEFLOW_BOOTSTRAP_SERVERS")]
-        bootstrap_servers: String,
+        #[command(flatten)]
+        kafka: KafkaArgs,
         /// Write to this topic instead of each record's original topic.
         #[arg(long)]
         to: Option<String>,
     },
+}
+
+#[derive(clap::Args)]
+struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    /// A librdkafka setting for the command's clients, `key=value`; repeat it
+    /// (e.g. -X security.protocol=SSL -X ssl.ca.location=/etc/kafka/ca.pem).
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_setting)]
+    kafka_setting: Vec<(String, String)>,
+}
+
+impl From<KafkaArgs> for dlq::Kafka {
+    fn from(a: KafkaArgs) -> dlq::Kafka {
+        dlq::Kafka {
+            bootstrap: a.bootstrap_servers,
+            settings: a.kafka_setting,
+        }
+    }
+}
+
+fn parse_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not key=value")),
+    }
 }
 
 #[derive(clap::Args)]
@@ -428,11 +453,11 @@ fn run_dlq(command: DlqCommand) -> anyhow::Result<()> {
         DlqCommand::Inspect {
             topic,
             filter,
-            bootstrap_servers,
+            kafka,
             limit,
         } => {
             let shown = dlq::inspect(
-                &bootstrap_servers,
+                &kafka.into(),
                 &topic,
                 &filter.into(),
                 limit,
@@ -443,14 +468,14 @@ fn run_dlq(command: DlqCommand) -> anyhow::Result<()> {
         DlqCommand::Replay {
             topic,
             filter,
-            bootstrap_servers,
+            kafka,
             to,
         } => {
             let mut progress = |done: u64, total: u64| {
                 eprint!("\rreplay: {done} of {total} dead-letter records read");
             };
             let r = dlq::replay(
-                &bootstrap_servers,
+                &kafka.into(),
                 &topic,
                 &filter.into(),
                 to.as_deref(),

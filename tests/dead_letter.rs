@@ -189,11 +189,23 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
         kind: Some(string_kind),
         ..Filter::default()
     };
-    let first =
-        dlq::replay(&bootstrap(), &dlq_topic, &filter, None, &mut |_, _| {}).expect("replay");
+    let first = dlq::replay(
+        &dlq::Kafka::new(&bootstrap()),
+        &dlq_topic,
+        &filter,
+        None,
+        &mut |_, _| {},
+    )
+    .expect("replay");
     assert_eq!(first.replayed, 500, "{first:?}");
-    let again =
-        dlq::replay(&bootstrap(), &dlq_topic, &filter, None, &mut |_, _| {}).expect("replay");
+    let again = dlq::replay(
+        &dlq::Kafka::new(&bootstrap()),
+        &dlq_topic,
+        &filter,
+        None,
+        &mut |_, _| {},
+    )
+    .expect("replay");
     assert_eq!(
         again.replayed, 0,
         "a second replay re-produced records: {again:?}"

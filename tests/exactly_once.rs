@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use common::*;
 use onceflow::engine::{RunOptions, Summary};
@@ -90,4 +91,82 @@ fn at_least_once_mode_delivers_every_record_without_transactions() {
     // A clean run writes each record once; only crashes may duplicate in this mode.
     assert_exactly_once(&ids, &read_all(&job.output, PARTITIONS, "read_committed"));
     assert_eq!(summary.txn.records_committed, 5_000);
+}
+
+/// The brokers' SSL listeners and the CA that signed their certificate (`scripts/kafka
+/// bootstrap --tls`, `scripts/kafka ca`), exported by scripts/test.
+fn kafka_tls() -> (String, String) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!("{name} is not set: this test needs the broker of scripts/kafka; run it with scripts/test")
+        })
+    };
+    (
+        var("ONCEFLOW_TEST_BOOTSTRAP_TLS"),
+        var("ONCEFLOW_TEST_KAFKA_CA"),
+    )
+}
+
+#[test]
+fn a_job_over_tls_is_exactly_once_and_dlq_commands_take_client_settings() {
+    use std::process::{Command, Stdio};
+    let (tls_bootstrap, ca) = kafka_tls();
+    let name = unique("tls");
+    let (input, output, dead) = (unique("tls-in"), unique("tls-out"), format!("{name}.dlq"));
+    create_topics(&[&input, &output], PARTITIONS);
+    create_topics(&[&dead], 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("tls.yaml");
+    std::fs::write(
+        &topology,
+        format!(
+            "name: {name}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - filter: 'value.id >= 0'\noutputs:\n  - topic: {output}\nkafka:\n  common:\n    security.protocol: SSL\n    ssl.ca.location: {ca}\nruntime:\n  session_timeout_ms: 10000\n"
+        ),
+    )
+    .expect("write topology");
+    let ids: BTreeSet<u64> = (0..3_000).collect();
+    produce_ids(&input, ids.iter().copied());
+    produce_records(
+        &input,
+        [(Some("poison".to_string()), "{not json".to_string())],
+    );
+
+    // Only the SSL listeners are given: every connection of the job is TLS, its certificate
+    // checked against the CA (librdkafka verifies the broker's name or IP by default).
+    let child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(&topology)
+            .args(["--bootstrap-servers", &tls_bootstrap])
+            .args(["--instance-id", "tls-0", "--progress-secs", "0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn onceflow"),
+    );
+    let seen = wait_for_distinct(&output, PARTITIONS, ids.len(), Duration::from_secs(120));
+    terminate(child);
+    assert_eq!(seen, ids.len(), "not every record came through over TLS");
+    assert_exactly_once(&ids, &read_all(&output, PARTITIONS, "read_committed"));
+
+    // The dead-letter commands reach the same listeners with -X settings.
+    let inspect = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args([
+            "dlq",
+            "inspect",
+            &dead,
+            "--bootstrap-servers",
+            &tls_bootstrap,
+        ])
+        .args(["-X", "security.protocol=SSL", "-X"])
+        .arg(format!("ssl.ca.location={ca}"))
+        .output()
+        .expect("dlq inspect");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&inspect.stdout),
+        String::from_utf8_lossy(&inspect.stderr),
+    );
+    assert!(inspect.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("bad_json"), "{stdout}");
+    assert!(stderr.contains("1 record(s) shown"), "{stderr}");
 }
