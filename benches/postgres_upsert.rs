@@ -9,7 +9,8 @@
 //! ```
 //!
 //! `ONCEFLOW_BENCH_ROWS` (default 200,000) and `ONCEFLOW_BENCH_BATCH` (default 5,000) change
-//! the sizes. Under `cargo test` (no `--bench` argument) it runs once over 2,000 rows as a smoke
+//! the sizes; `ONCEFLOW_BENCH_TABLE_WITH` gives the tables storage parameters
+//! (`fillfactor=80`). Under `cargo test` (no `--bench` argument) it runs once over 2,000 rows as a smoke
 //! test, and is skipped without a database URL (`ONCEFLOW_BENCH_PG_URL` or
 //! `ONCEFLOW_TEST_PG_URL`).
 
@@ -187,8 +188,12 @@ fn main() {
         format!("bench_copy_{tag}"),
         format!("bench_tls_{tag}"),
     );
+    // Storage parameters of the three tables, e.g. `fillfactor=80` (room for updates in place).
+    let with = std::env::var("ONCEFLOW_BENCH_TABLE_WITH")
+        .map(|w| format!(" WITH ({w})"))
+        .unwrap_or_default();
     db.exec(&format!(
-        "CREATE TABLE {upsert_table} ({COLUMNS}); CREATE TABLE {copy_table} ({COLUMNS}); CREATE TABLE {tls_table} ({COLUMNS});"
+        "CREATE TABLE {upsert_table} ({COLUMNS}){with}; CREATE TABLE {copy_table} ({COLUMNS}){with}; CREATE TABLE {tls_table} ({COLUMNS}){with};"
     ));
 
     let consumer_topology = format!("bench-{tag}");
