@@ -189,23 +189,11 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
         kind: Some(string_kind),
         ..Filter::default()
     };
-    let first = dlq::replay(
-        &dlq::Kafka::new(&bootstrap()),
-        &dlq_topic,
-        &filter,
-        None,
-        &mut |_, _| {},
-    )
-    .expect("replay");
+    let kafka = dlq::Kafka::new(&bootstrap());
+    let replay = || dlq::replay(&kafka, &dlq_topic, &filter, None, &mut |_, _| {});
+    let first = replay().expect("replay");
     assert_eq!(first.replayed, 500, "{first:?}");
-    let again = dlq::replay(
-        &dlq::Kafka::new(&bootstrap()),
-        &dlq_topic,
-        &filter,
-        None,
-        &mut |_, _| {},
-    )
-    .expect("replay");
+    let again = replay().expect("replay");
     assert_eq!(
         again.replayed, 0,
         "a second replay re-produced records: {again:?}"

@@ -92,19 +92,25 @@ impl Tls {
         } else if conn.contains("://") {
             conn.to_string()
         } else {
-            // key=value form; values with spaces are quoted, which is left alone here.
+            // key=value form. It is rewritten only when it must be (a libpq-only mode, a root
+            // certificate), word by word: a quoted value with two spaces in a row would lose one.
             let mut kept = Vec::new();
+            let mut changed = false;
             for word in conn.split_whitespace() {
                 match word.split_once('=') {
                     Some((key, value)) if key == "sslmode" || key == "sslrootcert" => {
-                        if let Some(p) = take(key, value.trim_matches('\''))? {
-                            kept.push(p);
-                        }
+                        let p = take(key, value.trim_matches('\''))?;
+                        changed |= p.as_deref() != Some(word);
+                        kept.extend(p);
                     }
                     _ => kept.push(word.to_string()),
                 }
             }
-            kept.join(" ")
+            if changed {
+                kept.join(" ")
+            } else {
+                conn.to_string()
+            }
         };
         if tls.mode == SslMode::Require && tls.root_cert.is_some() {
             tls.mode = SslMode::VerifyCa;
@@ -199,6 +205,10 @@ mod tests {
             split("postgres://db/app?sslmode=disable").1.mode,
             SslMode::Disable
         );
+        let kv = "host=db password='two  spaces' sslmode=require";
+        let (url, tls) = split(kv);
+        assert_eq!((url.as_str(), tls.mode), (kv, SslMode::Require));
+
         let err = Tls::split("postgres://db/app?sslmode=allow").unwrap_err();
         assert!(err.contains("sslmode `allow`"), "{err}");
     }
