@@ -126,9 +126,10 @@ fn a_job_over_tls_is_exactly_once_and_dlq_commands_take_client_settings() {
     .expect("write topology");
     let ids: BTreeSet<u64> = (0..3_000).collect();
     produce_ids(&input, ids.iter().copied());
+    const POISON: u64 = 1_000_000;
     produce_records(
         &input,
-        [(Some("poison".to_string()), "{not json".to_string())],
+        [(Some(POISON.to_string()), "{not json".to_string())],
     );
 
     // Only the SSL listeners are given: every connection of the job is TLS, its certificate
@@ -145,8 +146,10 @@ fn a_job_over_tls_is_exactly_once_and_dlq_commands_take_client_settings() {
             .expect("spawn onceflow"),
     );
     let seen = wait_for_distinct(&output, PARTITIONS, ids.len(), Duration::from_secs(120));
+    let lettered = wait_for_distinct(&dead, 1, 1, Duration::from_secs(60));
     terminate(child);
     assert_eq!(seen, ids.len(), "not every record came through over TLS");
+    assert_eq!(lettered, 1, "the poison record was not dead-lettered");
     assert_exactly_once(&ids, &read_all(&output, PARTITIONS, "read_committed"));
 
     // The dead-letter commands reach the same listeners with -X settings.

@@ -485,7 +485,7 @@ pub fn run(
                 let mut failure = None;
                 // A record a sink refused in an aborted transaction is not processed again:
                 // it is handled as failed.
-                let refused = txn.take_refused(&origin);
+                let refused = txn.refused(&origin);
                 let processed = if let Some(refusal) = refused {
                     Some(Err(refusal))
                 } else {

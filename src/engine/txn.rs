@@ -210,12 +210,27 @@ impl Txn {
 
     /// Why a sink refused the record at `origin` in an aborted transaction, if it did: the
     /// engine handles it as a failed record (by default, dead-letters it) instead of
-    /// processing it again.
-    pub fn take_refused(&mut self, origin: &Origin) -> Option<TransformError> {
+    /// processing it again. The refusal is remembered until a commit moves past the record:
+    /// the transaction that dead-letters it may itself be aborted (another record refused)
+    /// and the record come once more.
+    pub fn refused(&self, origin: &Origin) -> Option<TransformError> {
         if self.refused.is_empty() {
             return None;
         }
-        self.refused.remove(origin)
+        self.refused.get(origin).cloned()
+    }
+
+    /// Forgets the refusals of records this commit moved past.
+    fn forget_refusals_committed(&mut self) {
+        if self.refused.is_empty() {
+            return;
+        }
+        let offsets = &self.offsets;
+        self.refused.retain(|o, _| {
+            !offsets
+                .to_commit()
+                .any(|(t, p, next)| p == o.partition && t == o.topic && next > o.offset)
+        });
     }
 
     /// Commits the sinks' batches, retrying transient errors while the transaction has time
@@ -421,6 +436,7 @@ impl Txn {
         }
         match self.try_commit(consumer) {
             Ok(()) => {
+                self.forget_refusals_committed();
                 self.stats.commit_durations.record(started.elapsed());
                 self.stats.committed += 1;
                 self.stats.records_committed += self.records;
@@ -548,8 +564,14 @@ impl Txn {
             }
             let _ = self.producer.context().take_error();
             let timeout = self.settings.operation_timeout;
-            if let Err(err) = self.retrying("abort_transaction", |p| p.abort_transaction(timeout)) {
-                return self.rebuild(consumer, err);
+            // Without transactions (at-least-once) there is nothing to abort: what was sent is
+            // out, and comes again after the rewind.
+            if self.transactional() {
+                if let Err(err) =
+                    self.retrying("abort_transaction", |p| p.abort_transaction(timeout))
+                {
+                    return self.rebuild(consumer, err);
+                }
             }
             self.stats.aborted += 1;
             telemetry::txn_aborted(reason, detail, self.records);

@@ -38,7 +38,7 @@ pub enum SinkErrorKind {
 
 /// A sink failed; `origin` names the record at fault when the error is permanent.
 #[derive(Debug, thiserror::Error)]
-#[error("postgres output `{output}`{}: {cause}{}", at(.origin), advice(*.kind))]
+#[error("postgres output `{output}`{}: {cause}{}", at(.origin), advice(*.kind, .origin.is_some()))]
 pub struct SinkError {
     pub kind: SinkErrorKind,
     /// The output's name in the topology.
@@ -57,10 +57,13 @@ fn at(origin: &Option<Origin>) -> String {
     })
 }
 
-fn advice(kind: SinkErrorKind) -> &'static str {
+fn advice(kind: SinkErrorKind, found: bool) -> &'static str {
     match kind {
+        SinkErrorKind::Permanent if found => {
+            " (a permanent error: nothing of this batch was committed, in no database nor in Kafka; the record goes the way runtime.on_error says)"
+        }
         SinkErrorKind::Permanent => {
-            " (a permanent error: nothing of this batch was committed, neither in the database nor in Kafka; the record goes the way runtime.on_error says)"
+            " (a permanent error no record could be found for: the Kafka transaction did not commit)"
         }
         SinkErrorKind::Transient => " (transient: retried until the transaction's time ran out)",
         SinkErrorKind::Fatal => "",
@@ -166,9 +169,22 @@ impl Sinks {
         for (index, output) in topology.outputs.iter().enumerate() {
             if let Some(config) = &output.postgres {
                 let name = output.name.as_deref().unwrap_or_default();
-                sinks
+                let sink = PostgresSink::connect(&topology.name, name, config)?;
+                // The outputs commit together, each in a transaction of its own: two writing one
+                // table would wait on each other's rows (validation compares only the names).
+                if let Some((_, other)) = sinks
                     .postgres
-                    .push((index, PostgresSink::connect(&topology.name, name, config)?));
+                    .iter()
+                    .find(|(_, s)| s.writes() == sink.writes())
+                {
+                    let cause = PostgresError::Schema(format!(
+                        "writes `{}` as output `{}` does; one output per table",
+                        sink.writes(),
+                        other.output()
+                    ));
+                    return Err(SinkError::new(name, None, cause));
+                }
+                sinks.postgres.push((index, sink));
             }
         }
         Ok(sinks)

@@ -38,6 +38,15 @@ const CLEANUP_BATCH: i32 = 1000;
 /// (`ON CONFLICT DO NOTHING`) before the optimistic one is tried again: replays come in runs.
 const CAREFUL_BATCHES: u32 = 16;
 
+/// The server's own name for where a session is: its address and port (none over a local
+/// socket) and the database.
+const SERVER: &str = "SELECT coalesce(host(inet_server_addr()), 'local') || ':' || \
+     coalesce(inet_server_port()::text, '') || '/' || current_database()";
+
+/// How a batch's transaction begins: constraints declared deferrable are checked by each
+/// statement, so that a refused row is found before COMMIT.
+const BEGIN: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";
+
 /// What a committed batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
@@ -74,6 +83,8 @@ pub struct PostgresSink {
     consumer: String,
     /// The target table, schema-qualified as found in the catalog.
     target: String,
+    /// The server and database it is in, as the server names them (`address:port/database`).
+    server: String,
     config: PostgresOutput,
     pg: tokio_postgres::Config,
     /// TLS for the connections; `None` with `sslmode=disable`.
@@ -148,6 +159,7 @@ impl PostgresSink {
             output: output.to_string(),
             consumer: format!("{topology}/{output}"),
             target: config.table.clone(),
+            server: String::new(),
             config: config.clone(),
             pg,
             tls,
@@ -197,6 +209,7 @@ impl PostgresSink {
             let (client, task) = open(pg, tls).await?;
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
+            let server: String = client.query_one(SERVER, &[]).await?.get(0);
             let markers = config.delete_when.is_some() && config.version_column.is_some();
             // Create only what is missing: a user without the right to create tables can
             // run on tables made for it beforehand.
@@ -220,11 +233,12 @@ impl PostgresSink {
                     ))
                     .await?;
             }
-            Ok::<_, PostgresError>((target, types))
+            Ok::<_, PostgresError>((target, types, server))
             })
             .await
         });
-        let (target, types) = inspected.unwrap_or(Err(PostgresError::Timeout(limit)))?;
+        let (target, types, server) = inspected.unwrap_or(Err(PostgresError::Timeout(limit)))?;
+        self.server = server;
         self.apply_sql = sql::apply_batch(&self.config, &target, &types, false);
         self.optimistic_sql = sql::apply_batch(&self.config, &target, &types, true);
         self.mapping = Mapping::new(&self.config).with_types(&types);
@@ -292,6 +306,17 @@ impl PostgresSink {
                 e.into(),
             )),
         }
+    }
+
+    /// The output's name in the topology.
+    pub fn output(&self) -> &str {
+        &self.output
+    }
+
+    /// The table written, as `address:port/database schema.table`: two outputs of a job must
+    /// not write the same one.
+    pub fn writes(&self) -> String {
+        format!("{} {}", self.server, self.target)
     }
 
     /// Rows waiting for the flush.
@@ -468,7 +493,7 @@ impl PostgresSink {
             let apply = if optimistic { fast } else { apply };
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
-                    client.batch_execute("BEGIN").await?;
+                    client.batch_execute(BEGIN).await?;
                     let row = match client
                         .query_one(&*apply, &args(apply, staged, consumer, target))
                         .await
@@ -515,6 +540,7 @@ impl PostgresSink {
             runtime.block_on(async {
                 tokio::time::timeout(limit, async {
                     let mut tx = client.transaction().await?;
+                    tx.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await?;
                     for i in 0..n {
                         let row = staged.row(i);
                         let sp = tx.savepoint("onceflow_row").await?;

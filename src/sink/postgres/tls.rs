@@ -67,50 +67,50 @@ impl Tls {
                 _ => Ok(Some(format!("{key}={value}"))),
             }
         };
-        let rest = if let Some((base, query)) = conn
-            .split_once('?')
-            .filter(|_| conn.starts_with("postgres://") || conn.starts_with("postgresql://"))
-        {
-            let mut kept = Vec::new();
-            for pair in query.split('&').filter(|p| !p.is_empty()) {
-                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                let value = percent_decode(value);
-                if let Some(p) = take(key, &value)? {
-                    // Kept pairs go back as they came.
-                    kept.push(if key == "sslmode" {
-                        p
-                    } else {
-                        pair.to_string()
-                    });
-                }
-            }
-            if kept.is_empty() {
-                base.to_string()
-            } else {
-                format!("{base}?{}", kept.join("&"))
-            }
-        } else if conn.contains("://") {
-            conn.to_string()
-        } else {
-            // key=value form. It is rewritten only when it must be (a libpq-only mode, a root
-            // certificate), word by word: a quoted value with two spaces in a row would lose one.
-            let mut kept = Vec::new();
-            let mut changed = false;
-            for word in conn.split_whitespace() {
-                match word.split_once('=') {
-                    Some((key, value)) if key == "sslmode" || key == "sslrootcert" => {
-                        let p = take(key, value.trim_matches('\''))?;
-                        changed |= p.as_deref() != Some(word);
-                        kept.extend(p);
+        let is_url = conn.starts_with("postgres://") || conn.starts_with("postgresql://");
+        let rest = if is_url {
+            // The query begins at the first `?` after the user information (a password may
+            // hold a `?` of its own).
+            let after_user = conn.rfind('@').map_or(0, |at| at + 1);
+            match conn[after_user..].find('?').map(|q| after_user + q) {
+                None => conn.to_string(),
+                Some(q) => {
+                    let (base, query) = (&conn[..q], &conn[q + 1..]);
+                    let mut kept = Vec::new();
+                    for pair in query.split('&').filter(|p| !p.is_empty()) {
+                        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                        if let Some(p) = take(key, &percent_decode(value))? {
+                            // Kept pairs go back as they came.
+                            kept.push(if key == "sslmode" {
+                                p
+                            } else {
+                                pair.to_string()
+                            });
+                        }
                     }
-                    _ => kept.push(word.to_string()),
+                    if kept.is_empty() {
+                        base.to_string()
+                    } else {
+                        format!("{base}?{}", kept.join("&"))
+                    }
                 }
             }
-            if changed {
-                kept.join(" ")
-            } else {
-                conn.to_string()
+        } else {
+            // key=value form: only the spans of sslmode and sslrootcert are replaced, the rest
+            // (quoted values, spacing) stays as it is.
+            let mut out = conn.to_string();
+            for (key, value, span) in conninfo_pairs(conn)?.into_iter().rev() {
+                if key == "sslmode" || key == "sslrootcert" {
+                    let replacement = take(&key, &value)?.unwrap_or_default();
+                    let mut end = span.end;
+                    if replacement.is_empty() {
+                        // A pair taken out takes its following spaces along.
+                        end += out[end..].len() - out[end..].trim_start().len();
+                    }
+                    out.replace_range(span.start..end, &replacement);
+                }
             }
+            out
         };
         if tls.mode == SslMode::Require && tls.root_cert.is_some() {
             tls.mode = SslMode::VerifyCa;
@@ -142,6 +142,74 @@ impl Tls {
         });
         Ok(connector)
     }
+}
+
+/// The `key = value` pairs of a libpq connection string, each with the bytes it spans. Values
+/// may be single-quoted; a backslash escapes the next character.
+fn conninfo_pairs(s: &str) -> Result<Vec<(String, String, std::ops::Range<usize>)>, String> {
+    let chars: Vec<(usize, char)> = s.char_indices().collect();
+    let at = |i: usize| chars.get(i).map(|&(_, c)| c);
+    let offset = |i: usize| chars.get(i).map_or(s.len(), |&(o, _)| o);
+    let skip_spaces = |mut i: usize| {
+        while at(i).is_some_and(char::is_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let mut pairs = Vec::new();
+    let mut i = skip_spaces(0);
+    while i < chars.len() {
+        let start = i;
+        while at(i).is_some_and(|c| c != '=' && !c.is_whitespace()) {
+            i += 1;
+        }
+        let key: String = chars[start..i].iter().map(|&(_, c)| c).collect();
+        i = skip_spaces(i);
+        if at(i) != Some('=') {
+            // Not the text itself: it may be part of a password.
+            return Err(format!(
+                "not a list of key=value pairs (at byte {})",
+                offset(start)
+            ));
+        }
+        i = skip_spaces(i + 1);
+        let mut value = String::new();
+        if at(i) == Some('\'') {
+            i += 1;
+            loop {
+                match at(i) {
+                    None => {
+                        return Err(format!(
+                            "a quoted value has no closing quote (from byte {})",
+                            offset(start)
+                        ));
+                    }
+                    Some('\'') => break,
+                    Some('\\') => {
+                        value.extend(at(i + 1));
+                        i += 2;
+                        continue;
+                    }
+                    Some(c) => value.push(c),
+                }
+                i += 1;
+            }
+            i += 1;
+        } else {
+            while let Some(c) = at(i).filter(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(at(i + 1));
+                    i += 2;
+                } else {
+                    value.push(c);
+                    i += 1;
+                }
+            }
+        }
+        pairs.push((key, value, offset(start)..offset(i)));
+        i = skip_spaces(i);
+    }
+    Ok(pairs)
 }
 
 /// Decodes `%XX` escapes of a URL query value (a path in `sslrootcert` may hold some).
@@ -208,6 +276,24 @@ mod tests {
         let kv = "host=db password='two  spaces' sslmode=require";
         let (url, tls) = split(kv);
         assert_eq!((url.as_str(), tls.mode), (kv, SslMode::Require));
+        let (url, tls) = split(
+            "host=db password='a  b\\'c' sslmode = verify-full sslrootcert='/a b/ca.pem' dbname=app",
+        );
+        assert_eq!(
+            url,
+            "host=db password='a  b\\'c' sslmode=require dbname=app"
+        );
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.root_cert.as_deref(), Some("/a b/ca.pem"));
+
+        let (url, tls) = split("postgres://u:p?ss@db/app?sslmode=verify-ca&sslrootcert=ca.pem");
+        assert_eq!(url, "postgres://u:p?ss@db/app?sslmode=require");
+        assert_eq!(tls.mode, SslMode::VerifyCa);
+
+        let err = Tls::split("host=db password=secret words").unwrap_err();
+        assert!(!err.contains("words"), "{err}");
+        let err = Tls::split("host=db password='secret").unwrap_err();
+        assert!(!err.contains("secret"), "{err}");
 
         let err = Tls::split("postgres://db/app?sslmode=allow").unwrap_err();
         assert!(err.contains("sslmode `allow`"), "{err}");
