@@ -93,6 +93,32 @@ fn at_least_once_mode_delivers_every_record_without_transactions() {
     assert_eq!(summary.txn.records_committed, 5_000);
 }
 
+#[test]
+fn at_least_once_mode_rewinds_without_a_transaction_to_abort() {
+    // Every second batch is thrown away and its records consumed again: without transactions
+    // nothing is aborted (what was sent stays out), so each id arrives at least once and the
+    // job keeps going (it used to call abort_transaction, fail, and stop on the second).
+    let job = job(
+        "alos-rewind",
+        "  guarantee: at_least_once\n  max_records_per_txn: 500\n",
+    );
+    let ids: BTreeSet<u64> = (0..5_000).collect();
+    produce_ids(&job.input, ids.iter().copied());
+    let options = RunOptions {
+        abort_every: Some(2),
+        ..RunOptions::default()
+    };
+
+    let summary = run_until_visible(&job, options, ids.len());
+
+    let seen: BTreeSet<u64> = read_all(&job.output, PARTITIONS, "read_committed")
+        .into_iter()
+        .collect();
+    assert_eq!(seen, ids, "every id at least once");
+    assert!(summary.txn.aborted >= 2, "{:?}", summary.txn);
+    assert_eq!(summary.txn.producer_rebuilds, 0, "{:?}", summary.txn);
+}
+
 /// The brokers' SSL listeners and the CA that signed their certificate (`scripts/kafka
 /// bootstrap --tls`, `scripts/kafka ca`), exported by scripts/test.
 fn kafka_tls() -> (String, String) {
