@@ -468,15 +468,21 @@ fn sink_counts_increments_once_and_names_bad_records() {
     assert_eq!(err.kind, SinkErrorKind::Permanent);
     assert_eq!(err.origin.as_ref().map(|o| o.offset), Some(20));
 
-    // A row that violates a constraint fails the batch; the record is found and nothing of
-    // the batch is committed, inbox included.
+    // Rows that violate a constraint fail the batch; the records are found, all in one pass,
+    // and nothing of the batch is committed, inbox included.
     sink.stage(&rec(21, json!({"k": "c", "one": 1}))).unwrap();
     sink.stage(&rec(22, json!({"k": "d", "one": 5000})))
         .unwrap();
     sink.stage(&rec(23, json!({"k": "e", "one": 1}))).unwrap();
+    sink.stage(&rec(24, json!({"k": "f", "one": 7000})))
+        .unwrap();
     let err = sink.flush(far()).expect_err("check violation");
     assert_eq!(err.kind, SinkErrorKind::Permanent, "{err}");
-    assert_eq!(err.origin.as_ref().map(|o| o.offset), Some(22), "{err}");
+    let refused: Vec<i64> = err
+        .all()
+        .map(|e| e.origin.as_ref().map_or(-1, |o| o.offset))
+        .collect();
+    assert_eq!(refused, vec![22, 24], "{err}");
     assert!(err.to_string().contains("orders[0]@22"), "{err}");
     assert!(err.to_string().contains("23514"), "{err}");
     assert_eq!(db.count(&format!("SELECT count(*) FROM {table}")), 2);

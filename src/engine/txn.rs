@@ -415,12 +415,16 @@ impl Txn {
                 // transaction is redone without it: it comes again after the rewind, and goes
                 // the way on_error says (the records consumed before it in the transaction
                 // may have been sent to Kafka outputs already; only an abort takes them back).
-                (SinkErrorKind::Permanent, Some(origin)) => {
-                    telemetry::sink_refused(&e);
+                (SinkErrorKind::Permanent, Some(_)) => {
                     if self.refused.len() >= MAX_REFUSED {
                         self.refused.clear();
                     }
-                    self.refused.insert(origin.clone(), e.failure());
+                    for refusal in e.all() {
+                        telemetry::sink_refused(refusal);
+                        if let Some(origin) = &refusal.origin {
+                            self.refused.insert(origin.clone(), refusal.failure());
+                        }
+                    }
                     self.abort_and_rewind(consumer, AbortReason::SinkRefused, &e.to_string())?;
                     Ok(Committed::Aborted)
                 }

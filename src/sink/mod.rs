@@ -49,6 +49,9 @@ pub struct SinkError {
     pub origin: Option<Origin>,
     /// What went wrong (already part of the message, so not repeated as its source).
     pub cause: Box<PostgresError>,
+    /// Other records of the same batch refused with it (permanent errors, each with its
+    /// origin).
+    pub also: Vec<SinkError>,
 }
 
 fn at(origin: &Option<Origin>) -> String {
@@ -78,12 +81,21 @@ impl SinkError {
             index: None,
             origin,
             cause: Box::new(cause),
+            also: Vec::new(),
         }
     }
 
     fn at_output(mut self, index: usize) -> SinkError {
         self.index = Some(index);
+        for other in &mut self.also {
+            other.index = Some(index);
+        }
         self
+    }
+
+    /// This error and the others of its batch.
+    pub fn all(&self) -> impl Iterator<Item = &SinkError> {
+        std::iter::once(self).chain(&self.also)
     }
 
     /// The record's failure, as the engine handles a record the pipeline could not process:

@@ -521,9 +521,11 @@ impl PostgresSink {
         result
     }
 
-    /// Finds the record behind a permanent error: the rows are applied one by one, each in a
+    /// Finds the records behind a permanent error: the rows are applied one by one, each in a
     /// savepoint of a transaction that is rolled back in the end, so nothing of the batch
-    /// commits. The first row that fails alone with a permanent error is the culprit.
+    /// commits. Every row that fails alone with a permanent error is refused, all found in
+    /// one pass (the first in the error, the others in its `also`), so that a batch with
+    /// several bad rows costs one aborted transaction, not one per row.
     fn isolate(&mut self, cause: PostgresError) -> SinkError {
         let limit = Duration::from_secs(120);
         let n = self.staged.len();
@@ -541,6 +543,7 @@ impl PostgresSink {
                 tokio::time::timeout(limit, async {
                     let mut tx = client.transaction().await?;
                     tx.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await?;
+                    let mut refused = Vec::new();
                     for i in 0..n {
                         let row = staged.row(i);
                         let sp = tx.savepoint("onceflow_row").await?;
@@ -555,28 +558,36 @@ impl PostgresSink {
                                     return Err(e);
                                 }
                                 sp.rollback().await?;
-                                tx.rollback().await?;
-                                return Ok(Some((i, e)));
+                                refused.push((i, e));
                             }
                         }
                     }
                     tx.rollback().await?;
-                    Ok(None)
+                    Ok(refused)
                 })
                 .await
                 .unwrap_or(Err(PostgresError::Timeout(limit)))
             })
         });
         match found {
-            Ok(Some((i, e))) => {
-                let origin = self.staged.origin(i).clone();
-                SinkError::new(&self.output, Some(origin), e)
-            }
-            Ok(None) => SinkError::new(
+            Ok(refused) if refused.is_empty() => SinkError::new(
                 &self.output,
                 None,
                 PostgresError::NotIsolated(Box::new(cause)),
             ),
+            Ok(refused) => {
+                let mut errors: Vec<SinkError> = Vec::new();
+                for (i, e) in refused {
+                    let origin = self.staged.origin(i);
+                    // The rows of one record (several with `explode`) make one refusal.
+                    if !errors.iter().any(|x| x.origin.as_ref() == Some(origin)) {
+                        errors.push(SinkError::new(&self.output, Some(origin.clone()), e));
+                    }
+                }
+                let mut first = errors.remove(0);
+                first.also = errors;
+                first
+            }
             Err(e) => {
                 self.conn = None;
                 SinkError::new(&self.output, None, e)
