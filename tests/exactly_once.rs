@@ -51,19 +51,25 @@ fn ten_thousand_records_pass_exactly_once() {
     assert!(summary.txn.committed >= 1);
 }
 
-#[test]
-fn aborted_transactions_leave_nothing_visible() {
-    // Every second transaction is aborted after its records were produced; the engine rewinds
-    // and processes them again in the next one.
-    let job = job("abort", "  max_records_per_txn: 500\n");
+/// 5,000 ids through a job (batches of 500) whose every second batch is thrown away
+/// (aborted, under exactly-once) and consumed again.
+fn run_aborting_every_second_batch(name: &str, runtime: &str) -> (Job, BTreeSet<u64>, Summary) {
+    let job = job(name, &format!("  max_records_per_txn: 500\n{runtime}"));
     let ids: BTreeSet<u64> = (0..5_000).collect();
     produce_ids(&job.input, ids.iter().copied());
-
     let options = RunOptions {
         abort_every: Some(2),
         ..RunOptions::default()
     };
     let summary = run_until_visible(&job, options, ids.len());
+    (job, ids, summary)
+}
+
+#[test]
+fn aborted_transactions_leave_nothing_visible() {
+    // Every second transaction is aborted after its records were produced; the engine rewinds
+    // and processes them again in the next one.
+    let (job, ids, summary) = run_aborting_every_second_batch("abort", "");
 
     assert!(
         summary.txn.aborted >= 5,
@@ -98,18 +104,8 @@ fn at_least_once_mode_rewinds_without_a_transaction_to_abort() {
     // Every second batch is thrown away and its records consumed again: without transactions
     // nothing is aborted (what was sent stays out), so each id arrives at least once and the
     // job keeps going (it used to call abort_transaction, fail, and stop on the second).
-    let job = job(
-        "alos-rewind",
-        "  guarantee: at_least_once\n  max_records_per_txn: 500\n",
-    );
-    let ids: BTreeSet<u64> = (0..5_000).collect();
-    produce_ids(&job.input, ids.iter().copied());
-    let options = RunOptions {
-        abort_every: Some(2),
-        ..RunOptions::default()
-    };
-
-    let summary = run_until_visible(&job, options, ids.len());
+    let (job, ids, summary) =
+        run_aborting_every_second_batch("alos-rewind", "  guarantee: at_least_once\n");
 
     let seen: BTreeSet<u64> = read_all(&job.output, PARTITIONS, "read_committed")
         .into_iter()

@@ -243,52 +243,70 @@ mod tests {
 
     #[test]
     fn libpq_modes_map_to_what_tokio_postgres_takes() {
-        let (url, tls) = split("postgres://u:p@db:5432/app");
-        assert_eq!(url, "postgres://u:p@db:5432/app");
-        assert_eq!(tls.mode, SslMode::Prefer);
-
-        let (url, tls) = split(
-            "postgres://u:p@db/app?application_name=x&sslmode=verify-full&sslrootcert=/etc/ca%20dir/ca.pem",
-        );
-        assert_eq!(
-            url,
-            "postgres://u:p@db/app?application_name=x&sslmode=require"
-        );
-        assert_eq!(tls.mode, SslMode::VerifyFull);
-        assert_eq!(tls.root_cert.as_deref(), Some("/etc/ca dir/ca.pem"));
-
-        let (url, tls) = split("postgresql://db/app?sslmode=require&sslrootcert=ca.pem");
-        assert_eq!(url, "postgresql://db/app?sslmode=require");
-        assert_eq!(
-            tls.mode,
-            SslMode::VerifyCa,
-            "require with a root cert verifies it"
-        );
-
-        let (url, tls) = split("host=db user=u sslmode=verify-ca sslrootcert=/ca.pem dbname=app");
-        assert_eq!(url, "host=db user=u sslmode=require dbname=app");
-        assert_eq!(tls.mode, SslMode::VerifyCa);
-
-        assert_eq!(
-            split("postgres://db/app?sslmode=disable").1.mode,
-            SslMode::Disable
-        );
-        let kv = "host=db password='two  spaces' sslmode=require";
-        let (url, tls) = split(kv);
-        assert_eq!((url.as_str(), tls.mode), (kv, SslMode::Require));
-        let (url, tls) = split(
-            "host=db password='a  b\\'c' sslmode = verify-full sslrootcert='/a b/ca.pem' dbname=app",
-        );
-        assert_eq!(
-            url,
-            "host=db password='a  b\\'c' sslmode=require dbname=app"
-        );
-        assert_eq!(tls.mode, SslMode::VerifyFull);
-        assert_eq!(tls.root_cert.as_deref(), Some("/a b/ca.pem"));
-
-        let (url, tls) = split("postgres://u:p?ss@db/app?sslmode=verify-ca&sslrootcert=ca.pem");
-        assert_eq!(url, "postgres://u:p?ss@db/app?sslmode=require");
-        assert_eq!(tls.mode, SslMode::VerifyCa);
+        use SslMode::*;
+        // (connection string, what tokio-postgres gets, mode, root certificate)
+        let cases: &[(&str, &str, SslMode, Option<&str>)] = &[
+            (
+                "postgres://u:p@db:5432/app",
+                "postgres://u:p@db:5432/app",
+                Prefer,
+                None,
+            ),
+            (
+                "postgres://u:p@db/app?application_name=x&sslmode=verify-full&sslrootcert=/etc/ca%20dir/ca.pem",
+                "postgres://u:p@db/app?application_name=x&sslmode=require",
+                VerifyFull,
+                Some("/etc/ca dir/ca.pem"),
+            ),
+            // require with a root certificate verifies it, as libpq does
+            (
+                "postgresql://db/app?sslmode=require&sslrootcert=ca.pem",
+                "postgresql://db/app?sslmode=require",
+                VerifyCa,
+                Some("ca.pem"),
+            ),
+            (
+                "postgres://db/app?sslmode=disable",
+                "postgres://db/app?sslmode=disable",
+                Disable,
+                None,
+            ),
+            // a `?` in the password is not the query
+            (
+                "postgres://u:p?ss@db/app?sslmode=verify-ca&sslrootcert=ca.pem",
+                "postgres://u:p?ss@db/app?sslmode=require",
+                VerifyCa,
+                Some("ca.pem"),
+            ),
+            (
+                "host=db user=u sslmode=verify-ca sslrootcert=/ca.pem dbname=app",
+                "host=db user=u sslmode=require dbname=app",
+                VerifyCa,
+                Some("/ca.pem"),
+            ),
+            // nothing to rewrite: the string goes as it came
+            (
+                "host=db password='two  spaces' sslmode=require",
+                "host=db password='two  spaces' sslmode=require",
+                Require,
+                None,
+            ),
+            // spaces around `=`, quoted values with spaces and escapes
+            (
+                r"host=db password='a  b\'c' sslmode = verify-full sslrootcert='/a b/ca.pem' dbname=app",
+                r"host=db password='a  b\'c' sslmode=require dbname=app",
+                VerifyFull,
+                Some("/a b/ca.pem"),
+            ),
+        ];
+        for &(conn, passed, mode, root) in cases {
+            let (url, tls) = split(conn);
+            assert_eq!(
+                (url.as_str(), tls.mode, tls.root_cert.as_deref()),
+                (passed, mode, root),
+                "{conn}"
+            );
+        }
 
         let err = Tls::split("host=db password=secret words").unwrap_err();
         assert!(!err.contains("words"), "{err}");
