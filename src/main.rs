@@ -533,9 +533,21 @@ fn run_until_signal(
             ));
         }
         let flag = Arc::clone(&shutdown);
+        let grace = stop_grace(&topology);
         tokio::spawn(async move {
             wait_for_signal().await;
             flag.store(true, Ordering::Relaxed);
+            // A stop is a commit and a few bounded calls; one that takes longer hangs in a
+            // client call. Exiting then is a crash like any other: nothing uncommitted
+            // counts, and the next instance with this id fences what is left open.
+            tokio::select! {
+                () = wait_for_signal() => telemetry::stop_forced("a second signal came"),
+                () = tokio::time::sleep(grace) => telemetry::stop_forced(&format!(
+                    "the job did not stop within {}s",
+                    grace.as_secs()
+                )),
+            }
+            std::process::exit(1);
         });
         let job = tokio::task::spawn_blocking(move || {
             engine::run(&topology, &identity, &options, &shutdown)
@@ -544,6 +556,13 @@ fn run_until_signal(
             .context("the job thread panicked")?
             .map_err(anyhow::Error::from)
     })
+}
+
+/// How long a stop may take after SIGTERM/SIGINT before the process exits anyway: twice the
+/// transaction timeout (every call of the final commit is bounded by it), at least 15 s.
+fn stop_grace(topology: &Topology) -> Duration {
+    Duration::from_millis(topology.runtime.transaction_timeout_ms.saturating_mul(2))
+        .max(Duration::from_secs(15))
 }
 
 async fn wait_for_signal() {

@@ -219,6 +219,14 @@ pub fn shutting_down() {
     info!("shutdown requested; committing the transaction in flight");
 }
 
+/// The process exits without finishing its stop: what is not committed comes again.
+pub fn stop_forced(why: &str) {
+    error!(
+        why,
+        "exiting with status 1 without a clean stop; the open transaction is aborted by the broker (on timeout, or when the next instance with this id starts), and its records come again"
+    );
+}
+
 /// librdkafka statistics of one client (`client` is "consumer" or "producer").
 ///
 /// Lag is measured against the last stable offset (`ls_offset`): under read_committed the

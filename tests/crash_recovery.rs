@@ -159,3 +159,55 @@ fn instances_joining_and_dying_mid_run_keep_exactly_once() {
     assert_eq!(seen, ids.len(), "not every record came through");
     assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }
+
+#[test]
+fn a_stop_that_hangs_exits_after_its_grace_period() {
+    use std::process::{Command, Stdio};
+    // Nothing listens on port 1: the producer's registration keeps waiting (up to 30 s) and
+    // the stop cannot finish; the process exits 1 after the grace period (15 s at least).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("t.yaml");
+    std::fs::write(
+        &topology,
+        topology_yaml(
+            &unique("hang"),
+            "in",
+            "out",
+            "  transaction_timeout_ms: 2000\n",
+        ),
+    )
+    .expect("write topology");
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(&topology)
+            .args([
+                "--bootstrap-servers",
+                "127.0.0.1:1",
+                "--instance-id",
+                "hang-0",
+            ])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn onceflow"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let signalled = Instant::now();
+    signal(&child, "-TERM");
+    let status = wait_exit(&mut child, Duration::from_secs(40)).expect("exited");
+    let took = signalled.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the job did not stop within 15s"),
+        "{stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(14) && took < Duration::from_secs(25),
+        "exited {took:?} after SIGTERM"
+    );
+}
