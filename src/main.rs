@@ -549,6 +549,21 @@ fn run_until_signal(
             }
             std::process::exit(1);
         });
+        // A client call that never returns (librdkafka#5456) leaves the job's thread stuck
+        // for good: exit, a crash like any other, so that the process is restarted.
+        let health = Arc::clone(&options.health);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Some((call, running)) = health.hung_call() {
+                    telemetry::stop_forced(&format!(
+                        "the client call {call} has not returned for {} s",
+                        running.as_secs()
+                    ));
+                    std::process::exit(1);
+                }
+            }
+        });
         let job = tokio::task::spawn_blocking(move || {
             engine::run(&topology, &identity, &options, &shutdown)
         });

@@ -186,9 +186,23 @@ fn check_topics_exist<C: ConsumerContext>(
     timeout: Duration,
 ) -> Result<(), EngineError> {
     for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| EngineError::Client(format!("cannot read metadata of {topic}: {e}")))?;
+        // A broker that is briefly unreachable (restarting, a lost connection) is waited for
+        // until the timeout, as the producer's registration waits for its coordinator.
+        let deadline = Instant::now() + timeout;
+        let metadata = loop {
+            match consumer.fetch_metadata(Some(topic), timeout) {
+                Ok(m) => break m,
+                Err(e) if Instant::now() < deadline => {
+                    telemetry::consumer_error(&e);
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    return Err(EngineError::Client(format!(
+                        "cannot read metadata of {topic}: {e}"
+                    )));
+                }
+            }
+        };
         let exists = metadata
             .topics()
             .iter()
@@ -345,6 +359,12 @@ fn record_span(origin: &Origin, msg: &BorrowedMessage<'_>) -> tracing::Span {
 /// The header whose value names a message across systems, when producers set it.
 pub const MESSAGE_ID_HEADER: &str = "message-id";
 
+/// How long one transactional client call may take before the process counts as stuck: it
+/// is bounded by the transaction timeout itself, so twice that and 5 s more.
+pub fn call_bound(topology: &Topology) -> Duration {
+    Duration::from_millis(topology.runtime.transaction_timeout_ms.saturating_mul(2) + 5_000)
+}
+
 /// Runs one job until `shutdown` is set, `options` say stop, or a fatal error.
 pub fn run(
     topology: &Topology,
@@ -376,6 +396,7 @@ pub fn run(
     health.set_bound(Duration::from_millis(
         runtime.transaction_timeout_ms + runtime.commit_interval_ms,
     ));
+    health.set_call_bound(call_bound(topology));
     let mut producer_config = clients::producer_config(topology, identity);
     let mut consumer_config = clients::consumer_config(topology, identity);
     if let Some(every) = options.statistics_every {

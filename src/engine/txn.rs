@@ -508,7 +508,12 @@ impl Txn {
         let mut backoff = Duration::from_millis(10);
         let mut attempt = 0;
         loop {
-            match op(&self.producer) {
+            // Watched: librdkafka may wait forever past the call's own timeout
+            // (send_offsets_to_transaction on a lost coordinator, librdkafka#5456).
+            self.health.call_started(operation);
+            let result = op(&self.producer);
+            self.health.call_finished();
+            match result {
                 Ok(v) => return Ok(v),
                 Err(err) => {
                     attempt += 1;

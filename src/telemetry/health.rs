@@ -2,10 +2,12 @@
 //!
 //! `/healthz` answers 200 while the process serves requests. `/readyz` answers 200 when the
 //! job has partitions assigned and has made progress (committed, or found nothing to commit)
-//! within the bound; a job stuck in a call or unable to commit turns unready.
+//! within the bound; a job stuck in a call or unable to commit turns unready. `/healthz` answers
+//! 503 when a transactional client call has not returned long after its own timeout (librdkafka
+//! can wait forever on a transaction coordinator it lost): the process is stuck, restart it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -18,6 +20,10 @@ pub struct Health {
     assigned: AtomicU64,
     last_progress_ms: AtomicU64,
     bound_ms: AtomicU64,
+    /// When the transactional client call in progress began (0: none), and its name.
+    call_started_ms: AtomicU64,
+    call: Mutex<&'static str>,
+    call_bound_ms: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -32,6 +38,9 @@ impl Default for Health {
             assigned: AtomicU64::new(0),
             last_progress_ms: AtomicU64::new(now_ms()),
             bound_ms: AtomicU64::new(30_000),
+            call_started_ms: AtomicU64::new(0),
+            call: Mutex::new(""),
+            call_bound_ms: AtomicU64::new(60_000),
         }
     }
 }
@@ -52,6 +61,47 @@ impl Health {
         self.last_progress_ms.store(now_ms(), Ordering::Relaxed);
     }
 
+    /// How long one client call may take before the process counts as stuck.
+    pub fn set_call_bound(&self, bound: Duration) {
+        self.call_bound_ms
+            .store(bound.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// A transactional client call begins.
+    pub fn call_started(&self, name: &'static str) {
+        *crate::engine::txn::lock(&self.call) = name;
+        self.call_started_ms
+            .store(now_ms().max(1), Ordering::Relaxed);
+    }
+
+    /// The call returned.
+    pub fn call_finished(&self) {
+        self.call_started_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// The client call that has not returned within the call bound, and for how long, if any.
+    pub fn hung_call(&self) -> Option<(&'static str, Duration)> {
+        let started = self.call_started_ms.load(Ordering::Relaxed);
+        let running = now_ms().saturating_sub(started);
+        (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed)).then(|| {
+            (
+                *crate::engine::txn::lock(&self.call),
+                Duration::from_millis(running),
+            )
+        })
+    }
+
+    /// Alive, or why not.
+    pub fn liveness(&self) -> Result<(), String> {
+        match self.hung_call() {
+            None => Ok(()),
+            Some((call, running)) => Err(format!(
+                "the client call {call} has not returned for {} s",
+                running.as_secs()
+            )),
+        }
+    }
+
     /// Ready, or why not.
     pub fn readiness(&self) -> Result<(), String> {
         let assigned = self.assigned.load(Ordering::Relaxed);
@@ -70,7 +120,10 @@ impl Health {
 /// The response to one request path.
 fn respond(path: &str, health: &Health, metrics: Option<&PrometheusHandle>) -> (u16, String) {
     match path {
-        "/healthz" => (200, "ok\n".into()),
+        "/healthz" => match health.liveness() {
+            Ok(()) => (200, "ok\n".into()),
+            Err(why) => (503, format!("stuck: {why}\n")),
+        },
         "/readyz" => match health.readiness() {
             Ok(()) => (200, "ready\n".into()),
             Err(why) => (503, format!("not ready: {why}\n")),
@@ -169,6 +222,25 @@ mod tests {
         h.set_assigned(3);
         h.progressed();
         assert_eq!(respond("/readyz", &h, None).0, 200);
+    }
+
+    #[test]
+    fn a_client_call_past_its_bound_makes_the_process_dead() {
+        let h = Health::default();
+        h.set_call_bound(Duration::from_millis(1_000));
+        h.call_started("send_offsets_to_transaction");
+        assert_eq!(h.hung_call(), None, "within its bound");
+        assert_eq!(respond("/healthz", &h, None).0, 200);
+        h.call_started_ms.store(now_ms() - 5_000, Ordering::Relaxed);
+        let (call, running) = h.hung_call().expect("hung");
+        assert_eq!(call, "send_offsets_to_transaction");
+        assert!(running >= Duration::from_secs(5), "{running:?}");
+        let (status, body) = respond("/healthz", &h, None);
+        assert_eq!(status, 503);
+        assert!(body.contains("send_offsets_to_transaction"), "{body}");
+        h.call_finished();
+        assert_eq!(h.hung_call(), None, "returned");
+        assert_eq!(respond("/healthz", &h, None).0, 200);
     }
 
     #[test]
