@@ -26,13 +26,12 @@ fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
     create_topics(&[&input, &output], PARTITIONS);
     let ids: BTreeSet<u64> = (0..records).collect();
     produce_ids(&input, ids.iter().copied());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = dir.path().join("topology.yaml");
-    std::fs::write(
-        &topology,
-        topology_yaml(&unique(name), &input, &output, extra_runtime),
-    )
-    .expect("write topology");
+    let (dir, topology) = topology_file(&topology_yaml(
+        &unique(name),
+        &input,
+        &output,
+        extra_runtime,
+    ));
     Setup {
         _dir: dir,
         topology,
@@ -165,18 +164,12 @@ fn a_stop_that_hangs_exits_after_its_grace_period() {
     use std::process::{Command, Stdio};
     // Nothing listens on port 1: the producer's registration keeps waiting (up to 30 s) and
     // the stop cannot finish; the process exits 1 after the grace period (15 s at least).
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = dir.path().join("t.yaml");
-    std::fs::write(
-        &topology,
-        topology_yaml(
-            &unique("hang"),
-            "in",
-            "out",
-            "  transaction_timeout_ms: 2000\n",
-        ),
-    )
-    .expect("write topology");
+    let (_dir, topology) = topology_file(&topology_yaml(
+        &unique("hang"),
+        "in",
+        "out",
+        "  transaction_timeout_ms: 2000\n",
+    ));
     let mut child = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_onceflow"))
             .arg("run")

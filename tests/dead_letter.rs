@@ -103,13 +103,14 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
         std::thread::spawn(move || produce(&input, &ids, 3_000))
     };
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("t.yaml");
-    std::fs::write(
-        &path,
-        topology_text(&name, &input, &output, &dlq_topic, "value.amount * 2", ""),
-    )
-    .expect("write");
+    let (_dir, path) = topology_file(&topology_text(
+        &name,
+        &input,
+        &output,
+        &dlq_topic,
+        "value.amount * 2",
+        "",
+    ));
     let mut kills = 0;
     for _ in 0..8 {
         if kills >= 3 {

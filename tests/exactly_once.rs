@@ -137,15 +137,9 @@ fn a_job_over_tls_is_exactly_once_and_dlq_commands_take_client_settings() {
     let (input, output, dead) = (unique("tls-in"), unique("tls-out"), format!("{name}.dlq"));
     create_topics(&[&input, &output], PARTITIONS);
     create_topics(&[&dead], 1);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = dir.path().join("tls.yaml");
-    std::fs::write(
-        &topology,
-        format!(
-            "name: {name}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - filter: 'value.id >= 0'\noutputs:\n  - topic: {output}\nkafka:\n  common:\n    security.protocol: SSL\n    ssl.ca.location: {ca}\nruntime:\n  session_timeout_ms: 10000\n"
-        ),
-    )
-    .expect("write topology");
+    let (_dir, topology) = topology_file(&format!(
+        "name: {name}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - filter: 'value.id >= 0'\noutputs:\n  - topic: {output}\nkafka:\n  common:\n    security.protocol: SSL\n    ssl.ca.location: {ca}\nruntime:\n  session_timeout_ms: 10000\n"
+    ));
     let ids: BTreeSet<u64> = (0..3_000).collect();
     produce_ids(&input, ids.iter().copied());
     const POISON: u64 = 1_000_000;

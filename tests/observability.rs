@@ -54,18 +54,12 @@ fn metrics_equal_what_happened() {
     create_topics(&[&input, &output], PARTITIONS);
     let ids: BTreeSet<u64> = (0..5_000).collect();
     produce_ids(&input, ids.iter().copied());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = dir.path().join("t.yaml");
-    std::fs::write(
-        &topology,
-        topology_yaml(
-            &unique("obs"),
-            &input,
-            &output,
-            "  max_records_per_txn: 400\n",
-        ),
-    )
-    .expect("write");
+    let (_dir, topology) = topology_file(&topology_yaml(
+        &unique("obs"),
+        &input,
+        &output,
+        "  max_records_per_txn: 400\n",
+    ));
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")

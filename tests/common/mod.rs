@@ -308,6 +308,14 @@ pub fn assert_exactly_once(input: &BTreeSet<u64>, output: &[u64]) {
     );
 }
 
+/// `yaml` written to a topology file in a temporary folder, removed with the folder.
+pub fn topology_file(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("topology.yaml");
+    std::fs::write(&path, yaml).expect("write topology");
+    (dir, path)
+}
+
 /// A topology file for a pass-through job from `input` to `output`.
 pub fn topology_yaml(name: &str, input: &str, output: &str, extra_runtime: &str) -> String {
     format!(
