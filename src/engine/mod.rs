@@ -190,7 +190,10 @@ fn check_topics_exist<C: ConsumerContext>(
         // until the timeout, as the producer's registration waits for its coordinator.
         let deadline = Instant::now() + timeout;
         let metadata = loop {
-            match consumer.fetch_metadata(Some(topic), timeout) {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(100));
+            match consumer.fetch_metadata(Some(topic), left) {
                 Ok(m) => break m,
                 Err(e) if Instant::now() < deadline => {
                     telemetry::consumer_error(&e);
