@@ -12,8 +12,9 @@ use std::hint::black_box;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{Criterion, Throughput};
+use onceflow::record::{Origin, Record};
 use onceflow::topology::Topology;
-use onceflow::transform::{Origin, Pipeline, Record};
+use onceflow::transform::Pipeline;
 
 const TOPOLOGY: &str = r#"
 name: bench

@@ -16,9 +16,9 @@
 
 use std::time::{Duration, Instant};
 
+use onceflow::record::{Origin, Record};
 use onceflow::sink::postgres::PostgresSink;
 use onceflow::topology::Topology;
-use onceflow::transform::{Origin, Record};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

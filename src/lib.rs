@@ -2,27 +2,39 @@
 //!
 //! Data flows one way, and so do the modules:
 //!
+//! ```text
+//! source ──> codec (decode) ──> transform ──> codec (encode) ──> Kafka outputs, dead letters
+//!                                                           └──> sinks (PostgreSQL)
+//!                       txn: the one owner of every transaction ──┘
+//! ```
+//!
+//! * [`record`]: the [`record::Record`] that flows through it all, its
+//!   [`record::Origin`], and the [`record::RecordError`] that reaches the engine.
 //! * [`topology`]: the YAML model of a job and its validation (every problem at once, each
 //!   with its field path).
-//! * [`transform`]: the pipeline of processors; pure functions of a [`transform::Record`],
-//!   no Kafka client or async type in sight.
-//! * [`engine`]: the consumer/producer loop. [`engine::txn`] owns all transaction state and is
-//!   the only caller of the transactional API; [`engine::classify`] is the one decision of
-//!   what an error means (retry, abort and rewind, or fatal); [`engine::offsets`] holds the
-//!   offset arithmetic (commit last processed + 1).
-//! * [`sink`]: outputs outside Kafka, which cannot join its transactions and are made
-//!   idempotent instead: [`sink::postgres`] upserts by id through an inbox table, committed
-//!   right before the Kafka transaction.
-//! * [`embedded`]: an in-process cluster for a first run with nothing installed. It does not
-//!   enforce transactions and proves nothing about exactly-once.
-//! * [`telemetry`]: every log line about the job's life, from one place.
-//! * [`validate`]: every problem of a topology file at once, with field paths and lines, and
-//!   the checks only a broker can answer.
-//! * [`testing`]: runs a pipeline over the records of a cases file, without a broker, and
-//!   compares the outputs (`onceflow test`, and the tests of `topologies/`).
-//! * [`histogram`]: a fixed-size duration histogram (commit durations, benchmark latencies).
-//! * [`bench`]: `onceflow bench`, throughput against partition count next to the broker's
-//!   ceiling and Kafka Streams.
+//! * [`source`]: where records come from: the Kafka consumer's messages as records, its
+//!   rebalance callback, pausing and resuming partitions.
+//! * [`codec`]: bytes to the pipeline's [`codec::Value`] and back (raw, JSON); pure.
+//! * [`transform`]: the compiled pipeline of processors and CEL expressions; pure functions
+//!   of a record, no Kafka client or async type in sight.
+//! * [`engine`]: the loop of one job, thin: it polls, processes, lets the pure
+//!   [`engine::outcome`] decide what becomes of each record, and carries that out.
+//! * [`txn`]: the transaction owner, the only caller of the transactional API (for the job
+//!   and `dlq replay` alike): lazy begin, commit order across
+//!   [participants](txn::Participant), abort and rewind, the error classifier.
+//! * [`sink`]: outputs outside Kafka, made idempotent instead: the [`sink::Sink`] trait and
+//!   [`sink::postgres`], which upserts by id through an inbox table.
+//! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
+//!   to its end, sending with a full queue, the embedded cluster of a first run.
+//! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.
+//! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
+//! * [`validate`] and [`testing`]: `onceflow validate` (every problem of a file, and what
+//!   only a broker can answer) and `onceflow test` (a pipeline over a cases file, no broker).
+//! * [`cli`] (one file per command), [`supervise`] (signals, the grace period of a stop, the
+//!   watchdog of hung calls), [`failpoints`] (every test failpoint), [`retry`] (the one
+//!   backoff), [`histogram`].
+//! * `bench` (with the `bench` feature): `onceflow bench`, throughput against partition count
+//!   next to the broker's ceiling and Kafka Streams.
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -30,14 +42,24 @@
 //! per topology and instance: after a crash the restarted instance fences its previous
 //! incarnation and the broker aborts whatever it left open.
 
+#[cfg(feature = "bench")]
 pub mod bench;
+pub mod cli;
+pub mod codec;
 pub mod dlq;
-pub mod embedded;
 pub mod engine;
+pub mod failpoints;
 pub mod histogram;
+pub mod kafka;
+pub mod record;
+pub mod retry;
 pub mod sink;
+pub mod source;
+pub mod supervise;
+mod sync;
 pub mod telemetry;
 pub mod testing;
 pub mod topology;
 pub mod transform;
+pub mod txn;
 pub mod validate;

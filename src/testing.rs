@@ -27,8 +27,9 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use crate::record::{Origin, Record};
 use crate::topology::{Codec, Topology};
-use crate::transform::{Origin, Pipeline, Record};
+use crate::transform::Pipeline;
 
 /// A cases file.
 #[derive(Debug, Clone, Deserialize)]

@@ -190,7 +190,7 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
         kind: Some(string_kind),
         ..Filter::default()
     };
-    let kafka = dlq::Kafka::new(&bootstrap());
+    let kafka = onceflow::kafka::Cluster::new(&bootstrap());
     let replay = || dlq::replay(&kafka, &dlq_topic, &filter, None, &mut |_, _| {});
     let first = replay().expect("replay");
     assert_eq!(first.replayed, 500, "{first:?}");

@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
+use onceflow::record::{Origin, Record};
 use onceflow::sink::SinkErrorKind;
 use onceflow::sink::postgres::PostgresSink;
 use onceflow::topology::Topology;
-use onceflow::transform::{Origin, Record};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rdkafka::ClientConfig;

@@ -69,7 +69,7 @@ impl Health {
 
     /// A transactional client call begins.
     pub fn call_started(&self, name: &'static str) {
-        *crate::engine::txn::lock(&self.call) = name;
+        *crate::sync::lock(&self.call) = name;
         self.call_started_ms
             .store(now_ms().max(1), Ordering::Relaxed);
     }
@@ -85,7 +85,7 @@ impl Health {
         let running = now_ms().saturating_sub(started);
         (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed)).then(|| {
             (
-                *crate::engine::txn::lock(&self.call),
+                *crate::sync::lock(&self.call),
                 Duration::from_millis(running),
             )
         })

@@ -29,8 +29,8 @@ use cel::context::VariableResolver;
 use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
 use serde_json::Value as Json;
 
-use super::doc::{Doc, Field, type_name};
-use super::{ErrorKind, Origin};
+use crate::codec::json::{Doc, Field, type_name};
+use crate::record::{ErrorKind, Origin};
 
 /// The variables an expression can use.
 pub const VARIABLES: &[&str] = &[

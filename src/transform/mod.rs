@@ -2,145 +2,23 @@
 //! compiled [`Pipeline`] takes a [`Record`] and pushes zero or more `(output index, record)`
 //! pairs to a vector, so every processor is tested with plain values.
 //!
-//! A record's value is decoded once on entry (per its input's codec), every processor works on
-//! the decoded form, and it is encoded once per output record. A JSON value is a lazily
-//! decoded [`doc::Doc`]: validated by [`scan`] in one pass, its fields decoded only when a
-//! processor or an expression needs them. Expressions are CEL, compiled once by
+//! A record's value is decoded once on entry by its input's [`crate::codec::Decoder`], every
+//! processor works on the decoded [`crate::codec::Value`], and it is encoded once per output
+//! record by the output's [`crate::codec::Encoder`]. Expressions are CEL, compiled once by
 //! [`Pipeline::compile`] (see [`expr`]).
 
-pub mod doc;
 pub mod expr;
-pub mod scan;
 
 use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
-use doc::{Doc, type_name};
+use crate::codec::json::{Doc, type_name};
+use crate::codec::{Decoder, Encoder, Value};
+use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 
-use crate::topology::{
-    Codec, ConfigIssue, HeaderPolicy, Processor, RouteMode, SetHeaderConfig, Topology,
-};
+use crate::topology::{ConfigIssue, HeaderPolicy, Processor, RouteMode, SetHeaderConfig, Topology};
 use expr::{Expression, Needs, Scope, ValueRef};
-
-/// Where a consumed record came from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Origin {
-    pub topic: String,
-    pub partition: i32,
-    pub offset: i64,
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}[{}]@{}", self.topic, self.partition, self.offset)
-    }
-}
-
-/// A record flowing through the pipeline.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// Milliseconds since the epoch, when the source record had one.
-    pub timestamp: Option<i64>,
-    pub origin: Origin,
-}
-
-/// What kind of failure a record met. Every kind so far is permanent: processing the same
-/// record again fails the same way, so it belongs in a dead-letter queue, not in a retry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The value is not valid JSON (or not UTF-8 JSON) where JSON is expected.
-    BadJson,
-    /// An expression or processor needed a field the record does not have.
-    MissingField,
-    /// A value has the wrong type for what is done with it.
-    WrongType,
-    /// An expression failed otherwise (division by zero, overflow, a function's error).
-    Expression,
-    /// The encoded record is larger than the producer may send (`message.max.bytes`).
-    TooLarge,
-    /// Something the record needs is unavailable for now (a sink, a registry): retry.
-    Unavailable,
-    /// An output outside Kafka refused the record's row: a constraint it violates, or a value
-    /// that does not fit its column.
-    Rejected,
-}
-
-impl ErrorKind {
-    /// Whether processing the record again would fail again.
-    pub fn is_permanent(self) -> bool {
-        match self {
-            ErrorKind::BadJson
-            | ErrorKind::MissingField
-            | ErrorKind::WrongType
-            | ErrorKind::Expression
-            | ErrorKind::TooLarge
-            | ErrorKind::Rejected => true,
-            ErrorKind::Unavailable => false,
-        }
-    }
-
-    /// A short, bounded name (for logs and metric labels).
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorKind::BadJson => "bad_json",
-            ErrorKind::MissingField => "missing_field",
-            ErrorKind::WrongType => "wrong_type",
-            ErrorKind::Expression => "expression",
-            ErrorKind::TooLarge => "too_large",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Rejected => "rejected",
-        }
-    }
-}
-
-/// Where in the pipeline a record failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Stage {
-    /// Decoding the consumed value.
-    Decode,
-    /// The processor at `index` of `pipeline`, of kind `name`.
-    Processor { index: usize, name: &'static str },
-    /// Writing to output `index` (its key expression or its codec).
-    Output { index: usize, name: String },
-}
-
-impl std::fmt::Display for Stage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stage::Decode => write!(f, "decode"),
-            Stage::Processor { index, name } => write!(f, "pipeline[{index}] ({name})"),
-            Stage::Output { index, name } => write!(f, "outputs[{index}] ({name})"),
-        }
-    }
-}
-
-/// A processor failed on a record. The record is not lost: the engine decides what to do.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{stage}: {}: {message}", kind.name())]
-pub struct TransformError {
-    pub kind: ErrorKind,
-    pub stage: Stage,
-    pub message: String,
-}
-
-impl TransformError {
-    /// Whether processing the record again would fail again.
-    pub fn is_permanent(&self) -> bool {
-        self.kind.is_permanent()
-    }
-}
-
-/// A record's value while it goes through the pipeline, borrowing the consumed bytes.
-#[derive(Debug, Clone)]
-enum Body<'a> {
-    Raw(Option<&'a [u8]>),
-    /// `None`: a tombstone (no value), `null` to expressions.
-    Json(Option<Doc<'a>>),
-}
 
 /// A record while it goes through the pipeline.
 #[derive(Debug, Clone)]
@@ -148,7 +26,7 @@ struct Work<'a> {
     /// Length of the consumed value, to size the encoded one.
     value_len: usize,
     key: Option<Vec<u8>>,
-    body: Body<'a>,
+    body: Value<'a>,
     headers: Vec<(String, Vec<u8>)>,
     timestamp: Option<i64>,
     origin: Origin,
@@ -157,7 +35,7 @@ struct Work<'a> {
 impl<'a> Work<'a> {
     /// Decodes what `e` needs of the JSON value.
     fn prepare(&mut self, e: &Expression) {
-        if let Body::Json(Some(doc)) = &mut self.body {
+        if let Value::Json(Some(doc)) = &mut self.body {
             match e.needs() {
                 Needs::Nothing => {}
                 Needs::Paths(paths) => {
@@ -173,8 +51,8 @@ impl<'a> Work<'a> {
     fn scope(&self) -> Scope<'_, 'a> {
         Scope {
             value: match &self.body {
-                Body::Raw(b) => ValueRef::Raw(*b),
-                Body::Json(doc) => ValueRef::Json(doc.as_ref()),
+                Value::Raw(b) => ValueRef::Raw(*b),
+                Value::Json(doc) => ValueRef::Json(doc.as_ref()),
             },
             key: self.key.as_deref(),
             headers: &self.headers,
@@ -216,7 +94,7 @@ struct Route {
 
 struct OutputSpec {
     name: String,
-    codec: Codec,
+    encoder: Box<dyn Encoder>,
     key: Option<Expression>,
     headers: HeaderPolicy,
 }
@@ -224,7 +102,7 @@ struct OutputSpec {
 /// The compiled pipeline of a topology: expressions compiled, output names resolved to
 /// indexes. Compiled once at load; [`Pipeline::process`] is then a pure function.
 pub struct Pipeline {
-    input_codecs: HashMap<String, Codec>,
+    decoders: HashMap<String, Box<dyn Decoder>>,
     steps: Vec<(Step, &'static str)>,
     route: Option<Route>,
     outputs: Vec<OutputSpec>,
@@ -359,7 +237,7 @@ impl Pipeline {
                 .and_then(|src| compile(format!("outputs[{i}].key"), src));
             outputs.push(OutputSpec {
                 name: o.name().to_string(),
-                codec: topology.output_codec(i),
+                encoder: crate::codec::encoder(topology.output_codec(i)),
                 key,
                 headers: o.headers,
             });
@@ -367,10 +245,10 @@ impl Pipeline {
         issues.extend(unknown_outputs);
         if issues.is_empty() {
             Ok(Pipeline {
-                input_codecs: topology
+                decoders: topology
                     .inputs
                     .iter()
-                    .map(|i| (i.topic.clone(), i.codec))
+                    .map(|i| (i.topic.clone(), crate::codec::decoder(i.codec)))
                     .collect(),
                 steps,
                 route,
@@ -392,24 +270,17 @@ impl Pipeline {
         &self,
         record: Record,
         out: &mut Vec<(usize, Record)>,
-    ) -> Result<(), TransformError> {
-        let codec = self
-            .input_codecs
-            .get(&record.origin.topic)
-            .copied()
-            .unwrap_or_default();
+    ) -> Result<(), RecordError> {
         let value = record.value;
-        let body = match (codec, value.as_deref()) {
-            (Codec::Raw, value) => Body::Raw(value),
-            (Codec::Json, None) => Body::Json(None),
-            (Codec::Json, Some(bytes)) => {
-                Body::Json(Some(Doc::parse(bytes).map_err(|e| TransformError {
-                    kind: ErrorKind::BadJson,
-                    stage: Stage::Decode,
-                    message: format!("the value is not valid JSON: {e}"),
-                })?))
-            }
-        };
+        let body = match self.decoders.get(&record.origin.topic) {
+            Some(decoder) => decoder.decode(value.as_deref()),
+            None => crate::codec::raw::Raw.decode(value.as_deref()),
+        }
+        .map_err(|e| RecordError {
+            kind: e.kind,
+            stage: Stage::Decode,
+            message: e.message,
+        })?;
         let work = Work {
             value_len: value.as_ref().map_or(0, Vec::len),
             key: record.key,
@@ -432,9 +303,9 @@ impl Pipeline {
         from: usize,
         mut work: Work<'_>,
         out: &mut Vec<(usize, Record)>,
-    ) -> Result<(), TransformError> {
+    ) -> Result<(), RecordError> {
         for (index, (step, name)) in self.steps.iter().enumerate().skip(from) {
-            let fail = |kind: ErrorKind, message: String| TransformError {
+            let fail = |kind: ErrorKind, message: String| RecordError {
                 kind,
                 stage: Stage::Processor { index, name },
                 message,
@@ -510,11 +381,7 @@ impl Pipeline {
                     work.headers.push((header.clone(), bytes));
                 }
                 Step::DropEmpty => {
-                    let empty = match &work.body {
-                        Body::Raw(v) => v.is_none_or(<[u8]>::is_empty),
-                        Body::Json(v) => v.is_none(),
-                    };
-                    if empty {
+                    if work.body.is_empty() {
                         return Ok(());
                     }
                 }
@@ -549,7 +416,7 @@ impl Pipeline {
                                 Work {
                                     value_len: 0,
                                     key: None,
-                                    body: Body::Json(None),
+                                    body: Value::Json(None),
                                     headers: Vec::new(),
                                     timestamp: None,
                                     origin: Origin {
@@ -575,15 +442,11 @@ impl Pipeline {
     }
 
     /// Hands a record that went through every step to its outputs, encoded.
-    fn emit(
-        &self,
-        mut work: Work<'_>,
-        out: &mut Vec<(usize, Record)>,
-    ) -> Result<(), TransformError> {
+    fn emit(&self, mut work: Work<'_>, out: &mut Vec<(usize, Record)>) -> Result<(), RecordError> {
         let Some(route) = &self.route else {
             return self.write(0, work, out);
         };
-        let fail = |kind, message| TransformError {
+        let fail = |kind, message| RecordError {
             kind,
             stage: Stage::Processor {
                 index: route.index,
@@ -640,11 +503,11 @@ impl Pipeline {
         index: usize,
         mut work: Work<'_>,
         out: &mut Vec<(usize, Record)>,
-    ) -> Result<(), TransformError> {
+    ) -> Result<(), RecordError> {
         let Some(spec) = self.outputs.get(index) else {
             return Ok(());
         };
-        let fail = |kind, message| TransformError {
+        let fail = |kind, message| RecordError {
             kind,
             stage: Stage::Output {
                 index,
@@ -660,35 +523,10 @@ impl Pipeline {
                     .map_err(|(kind, message)| fail(kind, message))?
             }
         };
-        let value = match (spec.codec, &work.body) {
-            (Codec::Raw, Body::Raw(v)) => v.map(<[u8]>::to_vec),
-            (Codec::Raw, Body::Json(Some(Doc::Other(Json::String(s))))) => {
-                Some(s.as_bytes().to_vec())
-            }
-            (_, Body::Json(None)) => None,
-            (_, Body::Json(Some(doc))) => {
-                // Usually about the size it was consumed with: one allocation.
-                let mut bytes = Vec::with_capacity(work.value_len + 64);
-                doc.encode(&mut bytes).map_err(|e| {
-                    fail(
-                        ErrorKind::WrongType,
-                        format!("cannot encode the value: {e}"),
-                    )
-                })?;
-                Some(bytes)
-            }
-            (Codec::Json, Body::Raw(v)) => {
-                if let Some(bytes) = v {
-                    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| {
-                        fail(
-                            ErrorKind::BadJson,
-                            format!("the value is not valid JSON: {e}"),
-                        )
-                    })?;
-                }
-                v.map(<[u8]>::to_vec)
-            }
-        };
+        let value = spec
+            .encoder
+            .encode(&work.body, work.value_len)
+            .map_err(|e| fail(e.kind, e.message))?;
         let headers = match spec.headers {
             HeaderPolicy::Keep => work.headers,
             HeaderPolicy::Drop => Vec::new(),
@@ -710,19 +548,19 @@ impl Pipeline {
 /// The JSON document of `work`, for a processor that changes it.
 fn json_mut<'w, 'a>(
     work: &'w mut Work<'a>,
-    fail: &dyn Fn(ErrorKind, String) -> TransformError,
-) -> Result<&'w mut Doc<'a>, TransformError> {
+    fail: &dyn Fn(ErrorKind, String) -> RecordError,
+) -> Result<&'w mut Doc<'a>, RecordError> {
     match &mut work.body {
-        Body::Json(Some(Doc::Other(other))) => Err(fail(
+        Value::Json(Some(Doc::Other(other))) => Err(fail(
             ErrorKind::WrongType,
             format!("the value is {}, not a JSON object", type_name(other)),
         )),
-        Body::Json(Some(doc)) => Ok(doc),
-        Body::Json(None) => Err(fail(
+        Value::Json(Some(doc)) => Ok(doc),
+        Value::Json(None) => Err(fail(
             ErrorKind::WrongType,
             "the record has no value (a tombstone); drop those first with `drop_empty`".into(),
         )),
-        Body::Raw(_) => Err(fail(
+        Value::Raw(_) => Err(fail(
             ErrorKind::WrongType,
             "the value is raw bytes; this processor needs `codec: json` inputs".into(),
         )),

@@ -31,7 +31,7 @@ fn record(value: Option<&str>) -> Record {
     }
 }
 
-fn run(p: &Pipeline, value: &str) -> Result<Vec<(usize, Record)>, TransformError> {
+fn run(p: &Pipeline, value: &str) -> Result<Vec<(usize, Record)>, RecordError> {
     let mut out = Vec::new();
     p.process(record(Some(value)), &mut out).map(|()| out)
 }

@@ -10,8 +10,8 @@
 
 use serde_json::Value;
 
+use crate::record::{Origin, Record};
 use crate::topology::postgres::{EventId, PostgresOutput};
-use crate::transform::{Origin, Record};
 
 /// Where a column's value comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

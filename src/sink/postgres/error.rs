@@ -51,6 +51,27 @@ impl PostgresError {
     }
 }
 
+impl crate::sink::SinkCause for PostgresError {
+    fn sink(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn severity(&self) -> SinkErrorKind {
+        self.kind()
+    }
+
+    fn record_kind(&self) -> crate::record::ErrorKind {
+        use crate::record::ErrorKind;
+        match self {
+            PostgresError::Record(RecordError::NotAnObject(_)) => ErrorKind::WrongType,
+            PostgresError::Record(RecordError::Missing { .. } | RecordError::NoEventId(_)) => {
+                ErrorKind::MissingField
+            }
+            _ => ErrorKind::Rejected,
+        }
+    }
+}
+
 /// Whether an error without SQLSTATE is about the connection: it broke, closed, could not be
 /// made, or the server did not answer.
 fn is_connection_error(e: &tokio_postgres::Error) -> bool {

@@ -25,10 +25,11 @@ use batch::{Mapping, Staged};
 pub use error::PostgresError;
 use tls::{SslMode, Tls};
 
-use super::{Backoff, SinkError, SinkErrorKind};
+use super::{SinkError, SinkErrorKind};
+use crate::record::{Origin, Record};
+use crate::retry::Retries;
 use crate::telemetry;
 use crate::topology::postgres::PostgresOutput;
-use crate::transform::{Origin, Record};
 
 /// How long the job keeps trying to reach the database when it starts.
 const STARTUP_RETRY: Duration = Duration::from_secs(30);
@@ -175,7 +176,7 @@ impl PostgresSink {
             applied: None,
         };
         let deadline = Instant::now() + STARTUP_RETRY;
-        let mut backoff = Backoff::default();
+        let mut backoff = Retries::default();
         loop {
             match sink.prepare() {
                 Ok(()) => break,
@@ -303,7 +304,7 @@ impl PostgresSink {
             Err(e) => Err(SinkError::new(
                 &self.output,
                 Some(record.origin.clone()),
-                e.into(),
+                PostgresError::from(e),
             )),
         }
     }
@@ -356,7 +357,7 @@ impl PostgresSink {
             return Ok(false);
         }
         let started = Instant::now();
-        let mut backoff = Backoff::default();
+        let mut backoff = Retries::default();
         let applied = loop {
             match self.apply_once(deadline) {
                 Ok(applied) => break applied,
@@ -405,12 +406,15 @@ impl PostgresSink {
             self.conn = None;
             return Err(SinkError::new(&self.output, None, e));
         }
-        telemetry::postgres_batch_committed(
-            &self.output,
-            self.staged.len() as u64,
-            applied,
-            started.elapsed(),
-        );
+        telemetry::postgres_batch_committed(&telemetry::BatchCommitted {
+            output: &self.output,
+            rows: self.staged.len() as u64,
+            messages: applied.messages,
+            fresh: applied.fresh,
+            upserted: applied.upserted,
+            deleted: applied.deleted,
+            took: started.elapsed(),
+        });
         self.staged.clear();
         self.clean_inbox();
         Ok(true)
@@ -668,6 +672,32 @@ async fn open(
 
 /// Aborts a task unless disarmed: a connection task must not outlive its client.
 struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl super::Sink for PostgresSink {
+    fn stage(&mut self, record: &Record) -> Result<(), SinkError> {
+        PostgresSink::stage(self, record)
+    }
+
+    fn discard_record(&mut self, origin: &Origin) {
+        PostgresSink::discard_record(self, origin);
+    }
+
+    fn is_full(&self) -> bool {
+        PostgresSink::is_full(self)
+    }
+
+    fn apply(&mut self, deadline: Instant) -> Result<bool, SinkError> {
+        PostgresSink::apply(self, deadline)
+    }
+
+    fn commit(&mut self) -> Result<bool, SinkError> {
+        PostgresSink::commit(self)
+    }
+
+    fn discard(&mut self) {
+        PostgresSink::discard(self);
+    }
+}
 
 impl AbortOnDrop {
     fn disarm(mut self) -> tokio::task::JoinHandle<()> {

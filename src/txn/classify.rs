@@ -82,6 +82,27 @@ pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
     }
 }
 
+/// Whether a consumer request that failed with `err` may succeed if made again: the group
+/// coordinator moved or is loading (a broker restarting, a leader moving), a request timed
+/// out, the connection dropped, or the client's state is in flux while it finds the new
+/// coordinator. The rewind after an abort makes such requests; anything else ends the job.
+pub fn retries_call(err: &KafkaError) -> bool {
+    err.rdkafka_error_code().is_some_and(|code| {
+        matches!(
+            code,
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::AllBrokersDown
+                | RDKafkaErrorCode::State
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +190,30 @@ mod tests {
         assert!(!is_fencing_code(
             RDKafkaErrorCode::CoordinatorLoadInProgress
         ));
+    }
+
+    #[test]
+    fn a_moving_group_coordinator_is_retried_by_the_rewind() {
+        for err in [
+            KafkaError::MetadataFetch(RDKafkaErrorCode::NotCoordinator),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::State),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::CoordinatorLoadInProgress),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::CoordinatorNotAvailable),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::RequestTimedOut),
+        ] {
+            assert!(retries_call(&err), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn other_consumer_errors_end_the_rewind() {
+        for err in [
+            KafkaError::OffsetFetch(RDKafkaErrorCode::GroupAuthorizationFailed),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownTopicOrPartition),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::FencedInstanceId),
+            KafkaError::Seek("no such partition".into()),
+        ] {
+            assert!(!retries_call(&err), "{err:?}");
+        }
     }
 }

@@ -29,39 +29,6 @@ pub fn init_tracing(json: bool) {
     };
 }
 
-/// Why a transaction was aborted; a bounded label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AbortReason {
-    BeginFailed,
-    ProduceFailed,
-    CommitFailed,
-    PartitionsLost,
-    ProducerRebuilt,
-    TransformFailed,
-    Stopping,
-    Failpoint,
-    SinkFailed,
-    /// A sink refused a record: the transaction is redone without it.
-    SinkRefused,
-}
-
-impl AbortReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AbortReason::BeginFailed => "begin_failed",
-            AbortReason::ProduceFailed => "produce_failed",
-            AbortReason::CommitFailed => "commit_failed",
-            AbortReason::PartitionsLost => "partitions_lost",
-            AbortReason::ProducerRebuilt => "producer_rebuilt",
-            AbortReason::TransformFailed => "transform_failed",
-            AbortReason::Stopping => "stopping_on_error",
-            AbortReason::Failpoint => "failpoint",
-            AbortReason::SinkFailed => "sink_failed",
-            AbortReason::SinkRefused => "sink_refused",
-        }
-    }
-}
-
 pub fn job_started(topology: &str, transactional_id: &str, group_id: &str, inputs: &[&str]) {
     info!(topology, transactional_id, group_id, ?inputs, "job started");
 }
@@ -84,10 +51,11 @@ pub fn records_filtered(count: u64) {
     }
 }
 
-pub fn txn_aborted(reason: AbortReason, detail: &str, records: u64) {
-    counter!(m::TXN_ABORTED, "reason" => reason.as_str()).increment(1);
+/// A transaction was aborted; `reason` is a bounded label (`crate::txn::AbortReason`).
+pub fn txn_aborted(reason: &'static str, detail: &str, records: u64) {
+    counter!(m::TXN_ABORTED, "reason" => reason).increment(1);
     warn!(
-        reason = reason.as_str(),
+        reason,
         detail, records, "transaction aborted; partitions rewound to their committed offsets"
     );
 }
@@ -155,8 +123,8 @@ pub fn progress(records_in: u64, records_out: u64, committed: u64, aborted: u64,
 
 /// The pipeline failed on a record; `on_error` says what the engine does about it.
 pub fn record_failed(
-    origin: &crate::transform::Origin,
-    error: &crate::transform::TransformError,
+    origin: &crate::record::Origin,
+    error: &crate::record::RecordError,
     on_error: crate::topology::OnError,
     attempts: u32,
 ) {
@@ -180,7 +148,7 @@ pub fn record_failed(
 }
 
 /// A partition was paused on a record whose retries ran out.
-pub fn partition_paused(origin: &crate::transform::Origin, for_: Duration) {
+pub fn partition_paused(origin: &crate::record::Origin, for_: Duration) {
     counter!(m::RETRIES, "stage" => "pause").increment(1);
     warn!(
         topic = origin.topic.as_str(),
@@ -198,8 +166,8 @@ pub fn dead_lettered(kind: &'static str) {
 
 /// A record failed transiently and is tried again after `delay`.
 pub fn record_retry(
-    origin: &crate::transform::Origin,
-    error: &crate::transform::TransformError,
+    origin: &crate::record::Origin,
+    error: &crate::record::RecordError,
     attempt: u32,
     delay: Duration,
 ) {
@@ -275,20 +243,28 @@ pub fn sink_retry(output: &str, stage: &'static str, attempt: u32, error: &dyn s
 
 /// A batch committed in the database. Messages the inbox had seen before were absorbed: their
 /// effect was already there (a replay after a crash or an aborted Kafka transaction).
-pub fn postgres_batch_committed(
-    output: &str,
-    rows: u64,
-    applied: crate::sink::postgres::Applied,
-    took: Duration,
-) {
-    inbox_duplicates_absorbed(output, applied.messages.saturating_sub(applied.fresh));
+/// What a committed batch did: distinct `messages`, of which `fresh` the inbox had not seen;
+/// rows `upserted` and `deleted`.
+pub struct BatchCommitted<'a> {
+    pub output: &'a str,
+    pub rows: u64,
+    pub messages: u64,
+    pub fresh: u64,
+    pub upserted: u64,
+    pub deleted: u64,
+    pub took: Duration,
+}
+
+pub fn postgres_batch_committed(b: &BatchCommitted<'_>) {
+    let (output, rows, took) = (b.output, b.rows, b.took);
+    inbox_duplicates_absorbed(output, b.messages.saturating_sub(b.fresh));
     debug!(
         output,
         rows,
-        messages = applied.messages,
-        fresh = applied.fresh,
-        upserted = applied.upserted,
-        deleted = applied.deleted,
+        messages = b.messages,
+        fresh = b.fresh,
+        upserted = b.upserted,
+        deleted = b.deleted,
         took_ms = took.as_secs_f64() * 1e3,
         "database batch committed"
     );
@@ -311,21 +287,24 @@ pub fn inbox_duplicates_absorbed(output: &str, count: u64) {
     }
 }
 
-/// A database refused a record's row (the batch committed nothing): the Kafka transaction is
-/// aborted and redone, and the record handled as a failed one when it comes again.
-pub fn sink_refused(error: &crate::sink::SinkError) {
-    let origin = error.origin.as_ref();
+/// A participant (a database) refused a record's row (the batch committed nothing): the
+/// Kafka transaction is aborted and redone, and the record handled as a failed one when it
+/// comes again.
+pub fn participant_refused(
+    origin: Option<&crate::record::Origin>,
+    failure: &crate::record::RecordError,
+) {
     warn!(
-        output = error.output.as_str(),
+        output = %failure.stage,
         topic = origin.map_or("", |o| o.topic.as_str()),
         partition = origin.map_or(-1, |o| o.partition),
         offset = origin.map_or(-1, |o| o.offset),
-        error = %error.cause,
+        error = failure.message.as_str(),
         "the database refused a record; redoing the transaction without it"
     );
 }
 
-pub fn sink_record_skipped(output: &str, origin: &crate::transform::Origin) {
+pub fn sink_record_skipped(output: &str, origin: &crate::record::Origin) {
     debug!(
         output,
         topic = %origin.topic,

@@ -1,0 +1,146 @@
+//! The command line: one file per command. `main.rs` only parses the arguments and calls
+//! [`main`]; each command turns its arguments into calls of the library and an exit status.
+
+#[cfg(feature = "bench")]
+mod bench;
+mod dlq;
+mod run;
+mod test;
+mod validate;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::topology::Topology;
+use crate::topology::env::Strictness;
+use crate::validate::Diagnostic;
+
+#[derive(Parser)]
+#[command(
+    name = "onceflow",
+    version,
+    about = "Exactly-once stream jobs for Apache Kafka"
+)]
+pub struct Cli {
+    /// Log as JSON lines instead of human-readable text.
+    #[arg(long, global = true, env = "ONCEFLOW_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a topology until SIGTERM/SIGINT. Without any broker given, runs it once on an
+    /// embedded cluster over generated records.
+    Run(run::RunArgs),
+    /// Inspect or replay a dead-letter topic.
+    Dlq {
+        #[command(subcommand)]
+        command: dlq::DlqCommand,
+    },
+    /// Check topology files: environment variables, fields, expressions, wiring and the
+    /// settings exactly-once depends on. Every problem is printed with its field path and
+    /// line; the exit status is 0 only when every file is clean.
+    Validate(validate::ValidateArgs),
+    /// Run a topology's pipeline in-process over the records of a cases file (no broker) and
+    /// compare every output with what the cases expect.
+    Test(test::TestArgs),
+    /// Measure throughput against partition count: the broker's produce/consume ceiling,
+    /// onceflow at-least-once and exactly-once, and Kafka Streams exactly_once_v2, on one
+    /// broker in one run. Writes bench.csv, bench.md and throughput.svg, prints the table.
+    #[cfg(feature = "bench")]
+    Bench(bench::BenchArgs),
+}
+
+/// Runs the parsed command line; the exit status is failure when the command failed or found
+/// a problem.
+pub fn main(cli: Cli) -> ExitCode {
+    crate::telemetry::init_tracing(cli.log_json);
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Dlq { command } => dlq::run(command),
+        Command::Validate(args) => validate::run(&args),
+        Command::Test(args) => test::run(&args),
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Loads a topology for running: the environment must provide every variable, and every
+/// problem of the file is reported at once.
+fn load(path: &Path) -> anyhow::Result<(Topology, crate::transform::Pipeline)> {
+    crate::validate::check_file(path, Strictness::Strict)
+        .into_result()
+        .map_err(|diagnostics| problems(path, &diagnostics))
+}
+
+fn problems(path: &Path, diagnostics: &[Diagnostic]) -> anyhow::Error {
+    let list: Vec<String> = diagnostics.iter().map(|d| format!("  {d}")).collect();
+    anyhow::anyhow!(
+        "{} has {} problem(s):\n{}",
+        path.display(),
+        diagnostics.len(),
+        list.join("\n")
+    )
+}
+
+/// Where a command's Kafka cluster is, and librdkafka settings for its clients.
+#[derive(clap::Args)]
+struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ONCEFLOW_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    /// A librdkafka setting for the command's clients, `key=value`; repeat it
+    /// (e.g. -X security.protocol=SSL -X ssl.ca.location=/etc/kafka/ca.pem).
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_setting)]
+    kafka_setting: Vec<(String, String)>,
+}
+
+impl From<KafkaArgs> for crate::kafka::Cluster {
+    fn from(a: KafkaArgs) -> crate::kafka::Cluster {
+        crate::kafka::Cluster {
+            bootstrap: a.bootstrap_servers,
+            settings: a.kafka_setting,
+        }
+    }
+}
+
+fn parse_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not key=value")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_key_value() {
+        assert_eq!(
+            parse_setting(" security.protocol =SSL").unwrap(),
+            ("security.protocol".into(), "SSL".into())
+        );
+        assert_eq!(parse_setting("a=b=c").unwrap(), ("a".into(), "b=c".into()));
+        assert!(parse_setting("novalue").is_err());
+        assert!(parse_setting("=x").is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

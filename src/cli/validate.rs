@@ -1,0 +1,54 @@
+//! `onceflow validate`: every problem of each file, then the checks only a broker can answer.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::topology::env::Strictness;
+use crate::validate;
+
+#[derive(clap::Args)]
+pub struct ValidateArgs {
+    /// Topology files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Also check against this broker: its transaction.max.timeout.ms allows the
+    /// topology's transaction timeout, and the topics exist.
+    #[arg(long)]
+    broker: Option<String>,
+    /// Do not require the environment: unset variables expand to their default or to
+    /// an empty string instead of being errors.
+    #[arg(long)]
+    no_env: bool,
+}
+
+pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
+    let strictness = if args.no_env {
+        Strictness::Lenient
+    } else {
+        Strictness::Strict
+    };
+    let mut clean = true;
+    for file in &args.files {
+        let checked = validate::check_file(file, strictness);
+        let mut diagnostics = checked.diagnostics;
+        if let (Some(bootstrap), Some(topology)) = (&args.broker, &checked.topology) {
+            diagnostics.extend(validate::check_broker(
+                topology,
+                bootstrap,
+                &file.display().to_string(),
+                &checked.lines,
+                Duration::from_secs(10),
+            ));
+        }
+        if diagnostics.is_empty() {
+            println!("{}: ok", file.display());
+        } else {
+            clean = false;
+            for d in &diagnostics {
+                println!("{d}");
+            }
+            println!("{}: {} problem(s)", file.display(), diagnostics.len());
+        }
+    }
+    Ok(clean)
+}

@@ -1,0 +1,69 @@
+//! Every test failpoint, read from the environment in this one place.
+//!
+//! Failpoints exist for the integration tests: they make the job abort transactions, fail
+//! transiently or crash at chosen moments, so that recovery can be checked on a real broker.
+//! Nothing sets them in production; an unset or unparsable variable turns its failpoint off.
+
+/// Abort every n-th transaction instead of committing it.
+pub const ABORT_EVERY: &str = "ONCEFLOW_FAILPOINT_ABORT_EVERY";
+/// The pipeline fails transiently this many times (in all) first.
+pub const TRANSIENT_FAILURES: &str = "ONCEFLOW_FAILPOINT_TRANSIENT_FAILURES";
+/// The process aborts right after the n-th database commit of its sinks, before the Kafka
+/// transaction commits.
+pub const EXIT_AFTER_DB_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT";
+
+/// The failpoints of this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Failpoints {
+    pub abort_every: Option<u64>,
+    pub transient_failures: u64,
+    pub exit_after_db_commit: Option<u64>,
+}
+
+impl Failpoints {
+    /// The failpoints the environment sets.
+    pub fn from_env() -> Failpoints {
+        Failpoints::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Failpoints {
+        let number = |name: &str| get(name).and_then(|v| v.trim().parse::<u64>().ok());
+        Failpoints {
+            abort_every: number(ABORT_EVERY).filter(|n| *n > 0),
+            transient_failures: number(TRANSIENT_FAILURES).unwrap_or(0),
+            exit_after_db_commit: number(EXIT_AFTER_DB_COMMIT),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_or_unparsable_failpoints_are_off() {
+        assert_eq!(Failpoints::from_lookup(|_| None), Failpoints::default());
+        let junk = Failpoints::from_lookup(|_| Some("many".into()));
+        assert_eq!(junk, Failpoints::default());
+    }
+
+    #[test]
+    fn failpoints_are_read_by_name() {
+        let fp = Failpoints::from_lookup(|name| match name {
+            ABORT_EVERY => Some("4".into()),
+            TRANSIENT_FAILURES => Some(" 3".into()),
+            EXIT_AFTER_DB_COMMIT => Some("2".into()),
+            _ => None,
+        });
+        assert_eq!(
+            fp,
+            Failpoints {
+                abort_every: Some(4),
+                transient_failures: 3,
+                exit_after_db_commit: Some(2),
+            }
+        );
+        let zero = Failpoints::from_lookup(|name| (name == ABORT_EVERY).then(|| "0".into()));
+        assert_eq!(zero.abort_every, None, "every 0th transaction means none");
+    }
+}

@@ -1,0 +1,39 @@
+//! Kafka clients outside the job's transaction: their configuration, reading a topic to its
+//! end under read_committed, admin calls, and the embedded cluster of a first run.
+//!
+//! The job's own consumer and transactional producer are configured in [`clients`]; the
+//! transactional calls themselves live in [`crate::txn`] and nowhere else.
+
+pub mod clients;
+pub mod embedded;
+pub mod read;
+pub mod send;
+
+use rdkafka::ClientConfig;
+
+/// Where a command's cluster is: bootstrap servers, and librdkafka settings for its clients
+/// (security: `security.protocol`, `ssl.ca.location`, `sasl.*`...).
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    pub bootstrap: String,
+    pub settings: Vec<(String, String)>,
+}
+
+impl Cluster {
+    pub fn new(bootstrap: &str) -> Cluster {
+        Cluster {
+            bootstrap: bootstrap.to_string(),
+            settings: Vec::new(),
+        }
+    }
+
+    /// A client configuration with the cluster's settings.
+    pub fn config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        for (key, value) in &self.settings {
+            config.set(key, value);
+        }
+        config.set("bootstrap.servers", &self.bootstrap);
+        config
+    }
+}

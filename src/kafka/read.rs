@@ -1,0 +1,143 @@
+//! Reading a topic to its end under read_committed: what a command sees of a topic is what
+//! its committed transactions wrote, up to the end offsets taken when it starts.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::Cluster;
+
+/// Why a topic could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("topic {0} does not exist")]
+    NoTopic(String),
+    #[error("no progress for {}s reading {topic}; partitions still pending: {pending:?}", .idle.as_secs())]
+    Stalled {
+        topic: String,
+        idle: Duration,
+        pending: BTreeMap<i32, i64>,
+    },
+}
+
+/// How long a read may see nothing before it gives up.
+const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Bound of each metadata and offset request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A read_committed consumer of `group` that never commits by itself and starts at the
+/// beginning where the group has no offset.
+pub fn reader(cluster: &Cluster, group: &str) -> Result<BaseConsumer, KafkaError> {
+    cluster
+        .config()
+        .set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+}
+
+/// The low and end offsets of every partition of `topic` now.
+pub fn watermarks(
+    consumer: &BaseConsumer,
+    topic: &str,
+) -> Result<BTreeMap<i32, (i64, i64)>, ReadError> {
+    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(ReadError::NoTopic(topic.to_string()));
+    }
+    let mut marks = BTreeMap::new();
+    for p in partitions {
+        marks.insert(p, consumer.fetch_watermarks(topic, p, REQUEST_TIMEOUT)?);
+    }
+    Ok(marks)
+}
+
+/// Reads `topic` from the group's committed offsets (or the beginning) up to the end offsets
+/// taken at the start, calling `each` for every record.
+pub fn read_to_end<E: From<ReadError>>(
+    consumer: &BaseConsumer,
+    topic: &str,
+    mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut pending = assign_from_committed(consumer, topic)?;
+    let mut idle_since = Instant::now();
+    while !pending.is_empty() {
+        // Under read_committed a partition's end may be a transaction marker that is never
+        // delivered: positions tell when it is passed.
+        let positions = consumer.position().map_err(ReadError::from)?;
+        for e in positions.elements() {
+            if let Offset::Offset(pos) = e.offset() {
+                if pending.get(&e.partition()).is_some_and(|end| pos >= *end) {
+                    pending.remove(&e.partition());
+                }
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(msg)) => {
+                idle_since = Instant::now();
+                if pending
+                    .get(&msg.partition())
+                    .is_some_and(|end| msg.offset() < *end)
+                {
+                    each(&msg)?;
+                }
+            }
+            Some(Err(e)) => return Err(ReadError::from(e).into()),
+            None if idle_since.elapsed() > MAX_IDLE => {
+                return Err(ReadError::Stalled {
+                    topic: topic.to_string(),
+                    idle: MAX_IDLE,
+                    pending,
+                }
+                .into());
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Assigns every partition of `topic` at the group's committed offset (or its low
+/// watermark), and returns the end offset of each partition that has records to read.
+fn assign_from_committed(
+    consumer: &BaseConsumer,
+    topic: &str,
+) -> Result<BTreeMap<i32, i64>, ReadError> {
+    let marks = watermarks(consumer, topic)?;
+    let mut tpl = TopicPartitionList::new();
+    for p in marks.keys() {
+        tpl.add_partition(topic, *p);
+    }
+    let committed = consumer.committed_offsets(tpl, REQUEST_TIMEOUT)?;
+    let mut assign = TopicPartitionList::new();
+    let mut pending = BTreeMap::new();
+    for e in committed.elements() {
+        let (low, end) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
+        let start = match e.offset() {
+            Offset::Offset(o) => o.max(low),
+            _ => low,
+        };
+        assign.add_partition_offset(topic, e.partition(), Offset::Offset(start))?;
+        if start < end {
+            pending.insert(e.partition(), end);
+        }
+    }
+    consumer.assign(&assign)?;
+    Ok(pending)
+}

@@ -1,0 +1,116 @@
+//! The record that flows from a source through the pipeline to the sinks, where it came
+//! from, and the failure that reaches the engine when a record cannot be processed.
+//!
+//! These are plain values: every layer (source, codec, transform, sink, transaction owner)
+//! speaks them, and none of them knows Kafka client or async types.
+
+/// Where a consumed record came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]@{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// A record flowing through the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Milliseconds since the epoch, when the source record had one.
+    pub timestamp: Option<i64>,
+    pub origin: Origin,
+}
+
+/// What kind of failure a record met. Every kind so far is permanent: processing the same
+/// record again fails the same way, so it belongs in a dead-letter queue, not in a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The value is not valid JSON (or not UTF-8 JSON) where JSON is expected.
+    BadJson,
+    /// An expression or processor needed a field the record does not have.
+    MissingField,
+    /// A value has the wrong type for what is done with it.
+    WrongType,
+    /// An expression failed otherwise (division by zero, overflow, a function's error).
+    Expression,
+    /// The encoded record is larger than the producer may send (`message.max.bytes`).
+    TooLarge,
+    /// Something the record needs is unavailable for now (a sink, a registry): retry.
+    Unavailable,
+    /// An output outside Kafka refused the record's row: a constraint it violates, or a value
+    /// that does not fit its column.
+    Rejected,
+}
+
+impl ErrorKind {
+    /// Whether processing the record again would fail again.
+    pub fn is_permanent(self) -> bool {
+        match self {
+            ErrorKind::BadJson
+            | ErrorKind::MissingField
+            | ErrorKind::WrongType
+            | ErrorKind::Expression
+            | ErrorKind::TooLarge
+            | ErrorKind::Rejected => true,
+            ErrorKind::Unavailable => false,
+        }
+    }
+
+    /// A short, bounded name (for logs and metric labels).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::BadJson => "bad_json",
+            ErrorKind::MissingField => "missing_field",
+            ErrorKind::WrongType => "wrong_type",
+            ErrorKind::Expression => "expression",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Rejected => "rejected",
+        }
+    }
+}
+
+/// Where in the pipeline a record failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// Decoding the consumed value.
+    Decode,
+    /// The processor at `index` of `pipeline`, of kind `name`.
+    Processor { index: usize, name: &'static str },
+    /// Writing to output `index` (its key expression or its codec).
+    Output { index: usize, name: String },
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Decode => write!(f, "decode"),
+            Stage::Processor { index, name } => write!(f, "pipeline[{index}] ({name})"),
+            Stage::Output { index, name } => write!(f, "outputs[{index}] ({name})"),
+        }
+    }
+}
+
+/// A processor failed on a record. The record is not lost: the engine decides what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{stage}: {}: {message}", kind.name())]
+pub struct RecordError {
+    pub kind: ErrorKind,
+    pub stage: Stage,
+    pub message: String,
+}
+
+impl RecordError {
+    /// Whether processing the record again would fail again.
+    pub fn is_permanent(&self) -> bool {
+        self.kind.is_permanent()
+    }
+}

@@ -1,0 +1,87 @@
+//! The job consumer's context: it reaches the transaction owner from the rebalance callback,
+//! which runs on the job's thread inside `poll`.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientContext, TopicPartitionList};
+
+use crate::sync::lock;
+use crate::telemetry::{self, health::Health};
+use crate::txn::{AbortReason, Txn, TxnError};
+
+pub struct SourceContext {
+    txn: Arc<Mutex<Txn>>,
+    /// A fatal error raised inside a callback, for the loop to return.
+    failure: Mutex<Option<TxnError>>,
+    health: Arc<Health>,
+    assigned: AtomicI64,
+}
+
+impl SourceContext {
+    pub fn new(txn: Arc<Mutex<Txn>>, health: Arc<Health>) -> SourceContext {
+        SourceContext {
+            txn,
+            failure: Mutex::new(None),
+            health,
+            assigned: AtomicI64::new(0),
+        }
+    }
+
+    /// The fatal error a callback raised since the last call, if any.
+    pub fn take_failure(&self) -> Option<TxnError> {
+        lock(&self.failure).take()
+    }
+
+    /// Keeps the number of assigned partitions from the rebalance events themselves: asking
+    /// the consumer (`assignment()`) from a rebalance callback deadlocks while it closes.
+    /// Cooperative rebalances carry the partitions added or removed; eager ones revoke
+    /// everything before assigning the new set, so the sum holds for both.
+    fn count_assigned(&self, delta: i64) {
+        let now = (self.assigned.fetch_add(delta, Ordering::Relaxed) + delta).max(0) as usize;
+        telemetry::assignment_size(now);
+        self.health.set_assigned(now);
+    }
+}
+
+impl ClientContext for SourceContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::client_statistics("consumer", &statistics);
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                telemetry::partitions_assigned(&partitions(tpl));
+                self.count_assigned(tpl.count() as i64);
+            }
+            Rebalance::Revoke(tpl) => {
+                self.count_assigned(-(tpl.count() as i64));
+                let lost = consumer.assignment_lost();
+                telemetry::partitions_revoked(&partitions(tpl), lost);
+                let mut txn = lock(&self.txn);
+                // Lost partitions may already belong to another member: nothing of ours for
+                // them may commit. Revoked ones are handed over cleanly: commit first.
+                let result = if lost {
+                    txn.abort_and_rewind(consumer, AbortReason::PartitionsLost, "")
+                } else {
+                    txn.commit(consumer).map(|_| ())
+                };
+                if let Err(e) = result {
+                    *lock(&self.failure) = Some(e);
+                }
+            }
+            Rebalance::Error(e) => telemetry::consumer_error(e),
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}

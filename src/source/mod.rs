@@ -1,0 +1,5 @@
+//! Where records come from. [`kafka`]: the job's input topics, consumed with read_committed
+//! by one consumer per job whose offsets commit inside the job's transactions.
+//! (A PostgreSQL outbox will be the second source.)
+
+pub mod kafka;

@@ -1,0 +1,188 @@
+//! Process supervision of a running job: signals, the grace period of a stop, and the
+//! watchdog of hung client calls.
+//!
+//! The job runs on a blocking thread of its own (every Kafka call blocks). SIGTERM/SIGINT
+//! ask it to commit and stop; a stop that has not finished within its grace period, or a
+//! second signal, ends the process with status 1. A transactional client call that has not
+//! returned long after its own timeout (librdkafka#5456: a lost group coordinator is never
+//! timed out) ends it too. Exiting then is a crash like any other: nothing uncommitted
+//! counts, and the next instance with the same id fences what is left open.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::engine::{self, EngineError, Identity, RunOptions, Summary};
+use crate::telemetry::{self, health, health::Health, metrics};
+use crate::topology::Topology;
+
+/// Why supervision could not run the job.
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot install the metrics recorder: {0}")]
+    Metrics(String),
+    #[error("cannot listen on {addr} for metrics: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the job thread panicked: {0}")]
+    Panicked(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Job(#[from] EngineError),
+}
+
+/// How long a stop may take after SIGTERM/SIGINT before the process exits anyway: twice the
+/// transaction timeout (every call of the final commit is bounded by it), at least 15 s.
+pub fn stop_grace(topology: &Topology) -> Duration {
+    Duration::from_millis(topology.runtime.transaction_timeout_ms.saturating_mul(2))
+        .max(Duration::from_secs(15))
+}
+
+/// Waits for the first of a second signal and the end of the grace period, and says which
+/// came: the reason the stop is forced.
+pub async fn forced_stop(second_signal: impl Future<Output = ()>, grace: Duration) -> String {
+    tokio::select! {
+        () = second_signal => "a second signal came".to_string(),
+        () = tokio::time::sleep(grace) => format!(
+            "the job did not stop within {}s",
+            grace.as_secs()
+        ),
+    }
+}
+
+/// Returns once a client call has hung past its bound, saying which and for how long.
+pub async fn hung_call(health: &Health, every: Duration) -> String {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Some((call, running)) = health.hung_call() {
+            return format!(
+                "the client call {call} has not returned for {} s",
+                running.as_secs()
+            );
+        }
+    }
+}
+
+/// Runs the job on a blocking thread until it ends; SIGTERM/SIGINT ask it to commit and stop.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `metrics_addr` when given.
+pub fn run_until_signal(
+    topology: Topology,
+    identity: Identity,
+    options: RunOptions,
+    metrics_addr: Option<SocketAddr>,
+) -> Result<Summary, SuperviseError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(SuperviseError::Runtime)?;
+    let shutdown = Arc::new(AtomicBool::new(false));
+    runtime.block_on(async {
+        if let Some(addr) = metrics_addr {
+            let handle = metrics::install(&topology.name)
+                .map_err(|e| SuperviseError::Metrics(e.to_string()))?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| SuperviseError::Listen { addr, source })?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            tokio::spawn(health::serve(
+                listener,
+                Arc::clone(&options.health),
+                Some(handle),
+            ));
+        }
+        let flag = Arc::clone(&shutdown);
+        let grace = stop_grace(&topology);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            flag.store(true, Ordering::Relaxed);
+            let why = forced_stop(wait_for_signal(), grace).await;
+            telemetry::stop_forced(&why);
+            std::process::exit(1);
+        });
+        let health = Arc::clone(&options.health);
+        tokio::spawn(async move {
+            let why = hung_call(&health, Duration::from_secs(1)).await;
+            telemetry::stop_forced(&why);
+            std::process::exit(1);
+        });
+        let job = tokio::task::spawn_blocking(move || {
+            engine::run(&topology, &identity, &options, &shutdown)
+        });
+        Ok(job.await.map_err(SuperviseError::Panicked)??)
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        // Without signal handlers the job still stops on its own terms (errors, limits).
+        _ => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(transaction_timeout_ms: u64) -> Topology {
+        let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: b}]\n";
+        let mut t = Topology::parse(text, "test").expect("a minimal topology");
+        t.runtime.transaction_timeout_ms = transaction_timeout_ms;
+        t
+    }
+
+    #[test]
+    fn a_stop_may_take_twice_the_transaction_timeout_and_at_least_15_s() {
+        assert_eq!(stop_grace(&topology(60_000)), Duration::from_secs(120));
+        assert_eq!(stop_grace(&topology(1_000)), Duration::from_secs(15));
+        assert_eq!(
+            stop_grace(&topology(u64::MAX)),
+            Duration::from_millis(u64::MAX)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_is_forced_by_a_second_signal_or_the_grace_period() {
+        let why = forced_stop(std::future::ready(()), Duration::from_secs(15)).await;
+        assert_eq!(why, "a second signal came");
+        let why = forced_stop(std::future::pending(), Duration::from_secs(15)).await;
+        assert_eq!(why, "the job did not stop within 15s");
+    }
+
+    #[tokio::test]
+    async fn a_hung_client_call_is_reported_and_a_finished_one_is_not() {
+        let health = Health::default();
+        health.set_call_bound(Duration::ZERO);
+        health.call_started("commit_transaction");
+        health.call_finished();
+        let quiet = tokio::time::timeout(
+            Duration::from_millis(50),
+            hung_call(&health, Duration::from_millis(5)),
+        )
+        .await;
+        assert!(quiet.is_err(), "no call is running");
+        health.call_started("commit_transaction");
+        std::thread::sleep(Duration::from_millis(5));
+        let why = hung_call(&health, Duration::from_millis(5)).await;
+        assert!(
+            why.starts_with("the client call commit_transaction has not returned"),
+            "{why}"
+        );
+    }
+}

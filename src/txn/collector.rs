@@ -1,0 +1,158 @@
+//! Sending the records of a transaction and tracking their deliveries: a record whose
+//! delivery failed fails its transaction, and a commit waits for every delivery first.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryResult, Producer as _, ProducerContext};
+
+use super::producer::Client;
+use crate::kafka::send;
+use crate::record::Record;
+use crate::sync::lock;
+use crate::telemetry::{self, metrics::TopicCounts};
+
+/// Collects delivery failures of the producer, so a commit never goes through after a
+/// record of its transaction failed.
+#[derive(Default)]
+pub struct DeliveryTracker {
+    failed: AtomicBool,
+    first_error: Mutex<Option<KafkaError>>,
+}
+
+impl ClientContext for DeliveryTracker {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        telemetry::client_statistics("producer", &statistics);
+    }
+}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {
+        if let Err((err, _)) = result {
+            self.failed.store(true, Ordering::Release);
+            let mut first = lock(&self.first_error);
+            if first.is_none() {
+                *first = Some(err.clone());
+            }
+        }
+    }
+}
+
+impl DeliveryTracker {
+    /// The first delivery error since the last call, if any.
+    pub fn take_error(&self) -> Option<KafkaError> {
+        if self.failed.swap(false, Ordering::AcqRel) {
+            lock(&self.first_error).take()
+        } else {
+            None
+        }
+    }
+}
+
+/// What the open transaction sent.
+pub(super) struct Collector {
+    pub produced: TopicCounts,
+    pub outputs: u64,
+    /// Key and value bytes sent.
+    pub bytes: u64,
+}
+
+impl Collector {
+    pub fn new() -> Collector {
+        Collector {
+            produced: TopicCounts::produced(),
+            outputs: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Sends one record; while the local queue is full, serves delivery reports to make room,
+    /// for at most `timeout`.
+    pub fn send(
+        &mut self,
+        client: &Client,
+        topic: &str,
+        rec: &Record,
+        timeout: Duration,
+    ) -> KafkaResult<()> {
+        send::send(
+            client,
+            send::base_record(topic, rec),
+            timeout,
+            await_deliveries,
+        )?;
+        let len = payload_len(rec);
+        self.bytes += len as u64;
+        self.produced.add(topic, len);
+        self.outputs += 1;
+        Ok(())
+    }
+
+    /// The transaction committed: what it sent counts.
+    pub fn commit(&mut self) {
+        self.produced.commit();
+        self.reset();
+    }
+
+    /// The transaction aborted: nothing it sent counts.
+    pub fn discard(&mut self) {
+        self.produced.discard();
+        self.reset();
+    }
+
+    fn reset(&mut self) {
+        self.outputs = 0;
+        self.bytes = 0;
+    }
+}
+
+/// Serves delivery reports until nothing is in flight or `timeout` passes.
+pub(super) fn drain(client: &Client, timeout: Duration) -> KafkaResult<()> {
+    let deadline = Instant::now() + timeout;
+    while client.in_flight_count() > 0 {
+        if Instant::now() >= deadline {
+            return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        }
+        await_deliveries(client);
+    }
+    Ok(())
+}
+
+/// Serves every delivery report that is ready; when there is none, waits up to a
+/// millisecond for more, sending lingering batches at once meanwhile.
+///
+/// The wait is `rd_kafka_flush` with a 1 ms timeout: it raises librdkafka's flushing flag
+/// (linger.ms counts as elapsed, so the transaction's last batches leave now instead of
+/// after linger.ms) and sleeps on a condition variable. It returns without serving
+/// anything: delivery reports come as events that only `poll` serves. rust-rdkafka's
+/// `poll(timeout)` and `flush(timeout)` would do instead: both keep polling until the
+/// timeout, spinning through its last millisecond, which takes the CPU that the
+/// deliveries themselves need.
+pub(super) fn await_deliveries(client: &Client) {
+    loop {
+        let before = client.in_flight_count();
+        client.poll(Duration::ZERO);
+        let after = client.in_flight_count();
+        if after == 0 {
+            return;
+        }
+        if after >= before {
+            break;
+        }
+    }
+    // SAFETY: the producer's native handle is valid for as long as `client` lives;
+    // rd_kafka_flush is thread-safe and only waits here (delivery reports are events).
+    unsafe {
+        rdkafka::bindings::rd_kafka_flush(client.client().native_ptr(), 1);
+    }
+}
+
+/// Key and value bytes of a record.
+pub fn payload_len(rec: &Record) -> usize {
+    rec.key.as_ref().map_or(0, Vec::len) + rec.value.as_ref().map_or(0, Vec::len)
+}

@@ -1,0 +1,567 @@
+//! The owner of transaction state: when a transaction begins and is due, the commit order
+//! across participants, aborts and rewinds, and the records participants refused.
+//!
+//! A transaction begins lazily with the first consumed record, collects the produced records
+//! and the consumed offsets, and commits when it is due (time, records, bytes, or a full
+//! participant). Every error goes through [`super::classify`]: retry the same call, abort and
+//! rewind, or rebuild the producer once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::producer::Producer as _;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::classify::{TxnAction, classify, retries_call, traits_of};
+use super::collector::{self, Collector};
+use super::offsets::TxnOffsets;
+use super::participant::{Participant, ParticipantError, Severity};
+use super::producer::Producer;
+use super::{AbortReason, TxnError};
+use crate::histogram::Histogram;
+use crate::record::{Origin, Record, RecordError};
+use crate::retry;
+use crate::telemetry::{self, health::Health, metrics::TopicCounts};
+use crate::topology::Guarantee;
+
+/// When a transaction is due, and how long client calls may take.
+#[derive(Debug, Clone)]
+pub struct TxnSettings {
+    pub commit_interval: Duration,
+    pub max_records: u64,
+    pub max_bytes: u64,
+    /// Upper bound of one transactional call, retries included.
+    pub operation_timeout: Duration,
+    /// Test-only failpoint: abort every n-th transaction instead of committing it.
+    pub abort_every: Option<u64>,
+    /// Test-only failpoint: abort the process right after the n-th commit of the
+    /// participants, before the Kafka transaction commits.
+    pub exit_after_participant_commit: Option<u64>,
+    /// Without transactions, a "transaction" is the batch between two offset commits.
+    pub guarantee: Guarantee,
+}
+
+/// Totals since the job started, counting committed work only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxnStats {
+    pub committed: u64,
+    pub aborted: u64,
+    pub records_committed: u64,
+    pub outputs_committed: u64,
+    pub producer_rebuilds: u64,
+    /// How long each committed transaction took to commit: waiting for its deliveries,
+    /// sending the offsets and committing (under at-least-once: the offset commit).
+    pub commit_durations: Histogram,
+}
+
+/// What became of a commit request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// Nothing was open.
+    Nothing,
+    /// The transaction committed.
+    Done,
+    /// The transaction was aborted and the partitions rewound.
+    Aborted,
+}
+
+/// Whether a record was added to the open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Added {
+    Yes,
+    /// The transaction was aborted and rewound: drop the rest of what was polled.
+    Aborted,
+}
+
+/// Refused records remembered at most; past it the memory starts over (a record forgotten
+/// is refused again and found again, at the cost of one more aborted transaction).
+const MAX_REFUSED: usize = 10_000;
+
+/// The transaction owner.
+pub struct Txn {
+    producer: Producer,
+    settings: TxnSettings,
+    open: bool,
+    opened_at: Instant,
+    offsets: TxnOffsets,
+    records: u64,
+    collector: Collector,
+    attempts: u64,
+    stats: TxnStats,
+    consumed: TopicCounts,
+    filtered: u64,
+    health: Arc<Health>,
+    span: tracing::Span,
+    /// Outputs outside Kafka, committed right before the Kafka transaction.
+    participants: Vec<Box<dyn Participant>>,
+    participant_commits: u64,
+    /// Whether the participants took something of the record being added.
+    staged: bool,
+    /// Records a participant refused (permanent errors naming them) in an aborted
+    /// transaction: when they come again after the rewind, they are handled as failed
+    /// records instead of being processed again.
+    refused: HashMap<Origin, RecordError>,
+}
+
+impl Txn {
+    /// Creates the producer and registers its transactional.id with the coordinator, which
+    /// fences any older producer with the same id and aborts its open transaction.
+    pub fn new(
+        config: ClientConfig,
+        settings: TxnSettings,
+        health: Arc<Health>,
+    ) -> Result<Txn, TxnError> {
+        let transactional = settings.guarantee == Guarantee::ExactlyOnce;
+        let producer = Producer::create(
+            config,
+            settings.operation_timeout,
+            transactional,
+            Arc::clone(&health),
+        )?;
+        Ok(Txn {
+            producer,
+            settings,
+            open: false,
+            opened_at: Instant::now(),
+            offsets: TxnOffsets::default(),
+            records: 0,
+            collector: Collector::new(),
+            attempts: 0,
+            stats: TxnStats::default(),
+            consumed: TopicCounts::consumed(),
+            filtered: 0,
+            health,
+            span: tracing::Span::none(),
+            participants: Vec::new(),
+            participant_commits: 0,
+            staged: false,
+            refused: HashMap::new(),
+        })
+    }
+
+    /// Gives the transaction outputs outside Kafka: they commit right before it does.
+    pub fn with_participants(mut self, participants: Vec<Box<dyn Participant>>) -> Txn {
+        self.participants = participants;
+        self
+    }
+
+    pub fn has_participants(&self) -> bool {
+        !self.participants.is_empty()
+    }
+
+    /// Stages what the pipeline made of a consumed record in the participants; call it right
+    /// before [`Txn::add`] of the same record. An error names a record some participant
+    /// cannot take; nothing of it stays staged in any.
+    pub fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), ParticipantError> {
+        self.staged = false;
+        let failed = self
+            .participants
+            .iter_mut()
+            .find_map(|p| p.stage(produced).err());
+        if let Some(e) = failed {
+            // Whatever the others took of this record goes too: a record is written whole
+            // or not at all.
+            if let Some((_, rec)) = produced.first() {
+                for p in &mut self.participants {
+                    p.discard_record(&rec.origin);
+                }
+            }
+            return Err(e);
+        }
+        self.staged = !produced.is_empty();
+        Ok(())
+    }
+
+    /// Why a participant refused the record at `origin` in an aborted transaction, if it
+    /// did: the engine handles it as a failed record (by default, dead-letters it) instead of
+    /// processing it again. The refusal is remembered until a commit moves past the record:
+    /// the transaction that dead-letters it may itself be aborted (another record refused)
+    /// and the record come once more.
+    pub fn refused(&self, origin: &Origin) -> Option<RecordError> {
+        if self.refused.is_empty() {
+            return None;
+        }
+        self.refused.get(origin).cloned()
+    }
+
+    /// Forgets the refusals of records this commit moved past.
+    fn forget_refusals_committed(&mut self) {
+        if self.refused.is_empty() {
+            return;
+        }
+        let offsets = &self.offsets;
+        self.refused.retain(|o, _| {
+            !offsets
+                .to_commit()
+                .any(|(t, p, next)| p == o.partition && t == o.topic && next > o.offset)
+        });
+    }
+
+    pub fn stats(&self) -> TxnStats {
+        self.stats
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Age of the open transaction, if one is open.
+    pub fn age(&self, now: Instant) -> Option<Duration> {
+        self.open
+            .then(|| now.saturating_duration_since(self.opened_at))
+    }
+
+    /// Time until the open transaction is due, or `None` when nothing is open.
+    pub fn due_in(&self, now: Instant) -> Option<Duration> {
+        self.open.then(|| {
+            (self.opened_at + self.settings.commit_interval).saturating_duration_since(now)
+        })
+    }
+
+    /// Whether the open transaction should commit now.
+    pub fn is_due(&self, now: Instant) -> bool {
+        self.open
+            && (self.records >= self.settings.max_records
+                || self.collector.bytes >= self.settings.max_bytes
+                || now >= self.opened_at + self.settings.commit_interval
+                || self.participants.iter().any(|p| p.is_full()))
+    }
+
+    /// Serves delivery reports. Call it regularly.
+    pub fn poll(&self) {
+        self.producer.client().poll(Duration::ZERO);
+    }
+
+    /// Adds what the pipeline made of one consumed record (read at `origin`) to the open
+    /// transaction.
+    pub fn add<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        origin: &Origin,
+        consumed_bytes: usize,
+        outputs: &[(&str, Record)],
+    ) -> Result<Added, TxnError> {
+        if !self.open {
+            if let Err(err) = self.producer.begin() {
+                self.fail(consumer, err, AbortReason::BeginFailed)?;
+                return Ok(Added::Aborted);
+            }
+            self.open = true;
+            self.opened_at = Instant::now();
+            self.span = tracing::info_span!("txn", seq = self.attempts + 1);
+        }
+        for (topic, rec) in outputs {
+            let sent = self.collector.send(
+                self.producer.client(),
+                topic,
+                rec,
+                self.settings.operation_timeout,
+            );
+            if let Err(err) = sent {
+                self.fail(consumer, err, AbortReason::ProduceFailed)?;
+                return Ok(Added::Aborted);
+            }
+        }
+        self.offsets
+            .record(&origin.topic, origin.partition, origin.offset);
+        self.consumed.add(&origin.topic, consumed_bytes);
+        if outputs.is_empty() && !std::mem::take(&mut self.staged) {
+            self.filtered += 1;
+        }
+        self.records += 1;
+        Ok(Added::Yes)
+    }
+
+    /// Commits the open transaction with the consumed offsets, or aborts and rewinds it when
+    /// it cannot commit.
+    pub fn commit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Committed, TxnError> {
+        if !self.open {
+            self.health.progressed();
+            return Ok(Committed::Nothing);
+        }
+        self.attempts += 1;
+        let span = self.span.clone();
+        let _entered = span.enter();
+        if self
+            .settings
+            .abort_every
+            .is_some_and(|n| n > 0 && self.attempts % n == 0)
+        {
+            self.abort_and_rewind(consumer, AbortReason::Failpoint, "every n-th transaction")?;
+            return Ok(Committed::Aborted);
+        }
+        let started = Instant::now();
+        // Outputs outside Kafka commit first: a crash before the Kafka commit replays the
+        // batch, and they absorb the replay.
+        if let Err(e) = self.commit_participants() {
+            return self.participants_failed(consumer, e);
+        }
+        match self.try_commit(consumer) {
+            Ok(()) => {
+                self.committed(started.elapsed());
+                Ok(Committed::Done)
+            }
+            Err(err) => {
+                self.fail(consumer, err, AbortReason::CommitFailed)?;
+                Ok(Committed::Aborted)
+            }
+        }
+    }
+
+    /// Counts what the transaction committed and starts afresh.
+    fn committed(&mut self, took: Duration) {
+        self.forget_refusals_committed();
+        self.stats.commit_durations.record(took);
+        self.stats.committed += 1;
+        self.stats.records_committed += self.records;
+        let outputs = self.collector.outputs;
+        self.stats.outputs_committed += outputs;
+        self.consumed.commit();
+        self.collector.commit();
+        telemetry::records_filtered(self.filtered);
+        telemetry::txn_committed(self.records, outputs, took);
+        self.health.progressed();
+        self.reset();
+    }
+
+    /// Every participant prepares, and only when all have does any commit: a record one of
+    /// them refuses leaves nothing in the others. (A failure between two of the commits is
+    /// one of the crashes the participants absorb: the Kafka transaction does not commit, and
+    /// the batch comes again.) Transient errors are retried while the transaction has time
+    /// (a fifth of its timeout is kept for the Kafka commit).
+    fn commit_participants(&mut self) -> Result<(), ParticipantError> {
+        let deadline = self.opened_at + self.settings.operation_timeout.mul_f64(0.8);
+        let failed = self
+            .participants
+            .iter_mut()
+            .find_map(|p| p.prepare(deadline).err());
+        if let Some(e) = failed {
+            // Rolls back what the others prepared: the Kafka transaction aborts too.
+            for p in &mut self.participants {
+                p.discard();
+            }
+            return Err(e);
+        }
+        for p in &mut self.participants {
+            if p.commit()? {
+                self.participant_commits += 1;
+                if self.settings.exit_after_participant_commit == Some(self.participant_commits) {
+                    telemetry::failpoint_exit_after_db_commit(self.participant_commits);
+                    std::process::abort();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A participant could not commit: nothing of the transaction may. Records it refused
+    /// are remembered, and handled as failed records when they come again after the rewind
+    /// (the records consumed before them may have been sent to Kafka outputs already; only
+    /// an abort takes them back).
+    fn participants_failed<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        e: ParticipantError,
+    ) -> Result<Committed, TxnError> {
+        let refusals = e.refusals();
+        let detail = e.to_string();
+        match e.severity() {
+            Severity::Permanent if refusals.iter().any(|r| r.origin.is_some()) => {
+                if self.refused.len() >= MAX_REFUSED {
+                    self.refused.clear();
+                }
+                for refusal in refusals {
+                    telemetry::participant_refused(refusal.origin.as_ref(), &refusal.failure);
+                    if let Some(origin) = refusal.origin {
+                        self.refused.insert(origin, refusal.failure);
+                    }
+                }
+                self.abort_and_rewind(consumer, AbortReason::SinkRefused, &detail)?;
+                Ok(Committed::Aborted)
+            }
+            Severity::Transient => {
+                self.abort_and_rewind(consumer, AbortReason::SinkFailed, &detail)?;
+                Ok(Committed::Aborted)
+            }
+            _ => {
+                self.abort_and_rewind(consumer, AbortReason::SinkFailed, &detail)?;
+                Err(TxnError::Participant(e))
+            }
+        }
+    }
+
+    fn try_commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> KafkaResult<()> {
+        // Wait for every delivery first: a failed record must fail the transaction, and
+        // commit_transaction's own flush sleeps 100 ms whenever anything is in flight.
+        collector::drain(self.producer.client(), self.settings.operation_timeout)?;
+        if let Some(err) = self.producer.client().context().take_error() {
+            return Err(err);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition, next) in self.offsets.to_commit() {
+            tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
+        }
+        if !self.producer.transactional() {
+            // At-least-once: every output is acknowledged; now the offsets may move.
+            return consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync);
+        }
+        let metadata = consumer
+            .group_metadata()
+            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
+        self.producer.send_offsets(&tpl, &metadata)?;
+        self.producer.commit()
+    }
+
+    /// Applies the classifier's decision to an error of the open transaction.
+    fn fail<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        err: KafkaError,
+        reason: AbortReason,
+    ) -> Result<(), TxnError> {
+        match classify(traits_of(&err, self.producer.is_fatal())) {
+            TxnAction::Retry | TxnAction::AbortAndRewind => {
+                self.abort_and_rewind(consumer, reason, &err.to_string())
+            }
+            TxnAction::Fatal => self.rebuild(consumer, err),
+        }
+    }
+
+    /// Aborts the open transaction (nothing of it becomes visible) and rewinds the consumer.
+    pub fn abort_and_rewind<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        reason: AbortReason,
+        detail: &str,
+    ) -> Result<(), TxnError> {
+        if self.open {
+            let client = self.producer.client();
+            let timeout = self.settings.operation_timeout;
+            // abort_transaction waits for the queue to empty, but on this producer only our
+            // polling serves delivery reports: let in-flight records finish first. Purging
+            // them instead races with librdkafka's own registration of their partitions
+            // (the broker then refuses the abort with INVALID_TXN_STATE).
+            if collector::drain(client, timeout).is_err() {
+                client.purge(rdkafka::producer::PurgeConfig::default().queue());
+                let _ = collector::drain(client, timeout);
+            }
+            let _ = client.context().take_error();
+            if let Err(err) = self.producer.abort() {
+                return self.rebuild(consumer, err);
+            }
+            self.stats.aborted += 1;
+            telemetry::txn_aborted(reason.as_str(), detail, self.records);
+        }
+        self.rewind(consumer)?;
+        self.reset();
+        Ok(())
+    }
+
+    /// Replaces a producer that failed fatally, once in the life of the process, and rewinds.
+    fn rebuild<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        err: KafkaError,
+    ) -> Result<(), TxnError> {
+        let detail = err.to_string();
+        self.producer.rebuild(err)?;
+        self.stats.producer_rebuilds += 1;
+        if self.open {
+            self.stats.aborted += 1;
+            telemetry::txn_aborted(AbortReason::ProducerRebuilt.as_str(), &detail, self.records);
+        }
+        self.rewind(consumer)?;
+        self.reset();
+        Ok(())
+    }
+
+    /// Seeks the partitions the aborted transaction consumed from back to their committed
+    /// offsets (or, where the group has none yet, to the first offset the transaction
+    /// consumed). The other assigned partitions already stand at their committed offsets:
+    /// everything consumed before this transaction was committed.
+    ///
+    /// Reading the committed offsets asks the group coordinator, which may be moving (a
+    /// broker restarting): retriable errors are retried until the operation timeout, as the
+    /// transactional calls are.
+    fn rewind<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> Result<(), TxnError> {
+        let mut touched = TopicPartitionList::new();
+        for (topic, partition, _) in self.offsets.to_commit() {
+            touched.add_partition(topic, partition);
+        }
+        if touched.count() == 0 {
+            return Ok(());
+        }
+        let timeout = self.settings.operation_timeout;
+        let deadline = Instant::now() + timeout;
+        let committed = retry_call("reading committed offsets", deadline, || {
+            consumer.committed_offsets(touched.clone(), timeout)
+        })?;
+        let mut seeks = TopicPartitionList::new();
+        for elem in committed.elements() {
+            let target = match elem.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => self.offsets.first_of(elem.topic(), elem.partition()),
+            };
+            if let Some(o) = target {
+                seeks
+                    .add_partition_offset(elem.topic(), elem.partition(), Offset::Offset(o))
+                    .map_err(|error| TxnError::rewind("building the seek list", error))?;
+            }
+        }
+        let result = retry_call("seeking", deadline, || {
+            consumer.seek_partitions(seeks.clone(), timeout)
+        })?;
+        for elem in result.elements() {
+            if let Err(error) = elem.error() {
+                let at = format!("{}[{}]", elem.topic(), elem.partition());
+                return Err(TxnError::rewind(&at, error));
+            }
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        for p in &mut self.participants {
+            p.discard();
+        }
+        self.staged = false;
+        self.consumed.discard();
+        self.collector.discard();
+        self.filtered = 0;
+        self.span = tracing::Span::none();
+        self.open = false;
+        self.offsets.clear();
+        self.records = 0;
+    }
+}
+
+/// Calls a consumer's request again while its error is retriable (the group coordinator
+/// moved or is loading, a request timed out), with a capped backoff, until `deadline`.
+fn retry_call<T>(
+    what: &str,
+    deadline: Instant,
+    mut call: impl FnMut() -> KafkaResult<T>,
+) -> Result<T, TxnError> {
+    let mut backoff = retry::CLIENT_CALL.retries();
+    loop {
+        let error = match call() {
+            Ok(v) => return Ok(v),
+            Err(error) => error,
+        };
+        let delay = retries_call(&error)
+            .then(|| backoff.next_delay(deadline))
+            .flatten();
+        let Some(delay) = delay else {
+            return Err(TxnError::rewind(what, error));
+        };
+        telemetry::txn_retry("rewind", backoff.attempt(), &error);
+        std::thread::sleep(delay);
+    }
+}

@@ -1,0 +1,174 @@
+//! The transactional producer: the only caller of librdkafka's transactional API
+//! (`init_transactions`, `begin_transaction`, `send_offsets_to_transaction`,
+//! `commit_transaction`, `abort_transaction`) in the whole crate.
+//!
+//! Every call but `begin` (local, immediate) retries retriable errors as the classifier says
+//! until the operation timeout, and is watched: one that has not returned long after its own
+//! timeout (librdkafka#5456) makes the process unhealthy and ends it. Without transactions
+//! (at-least-once) the transactional calls do nothing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::producer::{BaseProducer, Producer as _};
+use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, TopicPartitionList};
+
+use super::TxnError;
+use super::classify::{TxnAction, classify, traits_of};
+use super::collector::DeliveryTracker;
+use crate::retry;
+use crate::telemetry::{self, health::Health};
+
+/// The client under the transactional producer.
+pub(super) type Client = BaseProducer<DeliveryTracker>;
+
+/// A producer with a stable transactional.id, rebuilt at most once.
+pub(super) struct Producer {
+    client: Client,
+    config: ClientConfig,
+    /// Upper bound of one transactional call, retries included.
+    timeout: Duration,
+    transactional: bool,
+    health: Arc<Health>,
+    rebuilt: bool,
+}
+
+impl Producer {
+    /// Creates the producer and, with transactions, registers its transactional.id with the
+    /// coordinator, which fences any older producer with the same id and aborts its open
+    /// transaction.
+    pub fn create(
+        config: ClientConfig,
+        timeout: Duration,
+        transactional: bool,
+        health: Arc<Health>,
+    ) -> Result<Producer, TxnError> {
+        let client = create_client(&config, timeout, transactional)?;
+        Ok(Producer {
+            client,
+            config,
+            timeout,
+            transactional,
+            health,
+            rebuilt: false,
+        })
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// Whether the producer itself reports a fatal error, which can stand behind any other.
+    pub fn is_fatal(&self) -> bool {
+        self.client.client().fatal_error().is_some()
+    }
+
+    pub fn begin(&self) -> KafkaResult<()> {
+        if !self.transactional {
+            return Ok(());
+        }
+        self.client.begin_transaction()
+    }
+
+    pub fn send_offsets(
+        &self,
+        offsets: &TopicPartitionList,
+        metadata: &ConsumerGroupMetadata,
+    ) -> KafkaResult<()> {
+        let timeout = self.timeout;
+        self.retrying("send_offsets_to_transaction", |p| {
+            p.send_offsets_to_transaction(offsets, metadata, timeout)
+        })
+    }
+
+    pub fn commit(&self) -> KafkaResult<()> {
+        let timeout = self.timeout;
+        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))
+    }
+
+    /// Aborts the open transaction; without transactions there is nothing to abort: what was
+    /// sent is out, and comes again after the rewind.
+    pub fn abort(&self) -> KafkaResult<()> {
+        if !self.transactional {
+            return Ok(());
+        }
+        let timeout = self.timeout;
+        self.retrying("abort_transaction", |p| p.abort_transaction(timeout))
+    }
+
+    /// Replaces a producer that failed fatally, once in the life of the process: the new
+    /// producer's init_transactions aborts whatever the old one left open.
+    pub fn rebuild(&mut self, err: KafkaError) -> Result<(), TxnError> {
+        if self.rebuilt {
+            return Err(TxnError::FatalAgain { error: err });
+        }
+        self.rebuilt = true;
+        let fenced = traits_of(&err, false).fenced;
+        telemetry::producer_rebuilt(&err, fenced);
+        self.client
+            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        self.client = create_client(&self.config, self.timeout, self.transactional)?;
+        Ok(())
+    }
+
+    /// Calls `op` again while the error is retriable, with a capped exponential backoff,
+    /// until the operation timeout passes.
+    fn retrying<T>(
+        &self,
+        operation: &'static str,
+        mut op: impl FnMut(&Client) -> KafkaResult<T>,
+    ) -> KafkaResult<T> {
+        let deadline = Instant::now() + self.timeout;
+        let mut backoff = retry::CLIENT_CALL.retries();
+        loop {
+            // Watched: librdkafka may wait forever past the call's own timeout
+            // (send_offsets_to_transaction on a lost coordinator, librdkafka#5456).
+            self.health.call_started(operation);
+            let result = op(&self.client);
+            self.health.call_finished();
+            let err = match result {
+                Ok(v) => return Ok(v),
+                Err(err) => err,
+            };
+            if classify(traits_of(&err, self.is_fatal())) != TxnAction::Retry {
+                return Err(err);
+            }
+            let Some(delay) = backoff.next_delay(deadline) else {
+                return Err(err);
+            };
+            telemetry::txn_retry(operation, backoff.attempt(), &err);
+            std::thread::sleep(delay);
+        }
+    }
+}
+
+fn create_client(
+    config: &ClientConfig,
+    timeout: Duration,
+    transactional: bool,
+) -> Result<Client, TxnError> {
+    let client: Client = config
+        .create_with_context(DeliveryTracker::default())
+        .map_err(|error| TxnError::CreateProducer { error })?;
+    if !transactional {
+        return Ok(client);
+    }
+    let deadline = Instant::now() + timeout.max(Duration::from_secs(30));
+    loop {
+        match client.init_transactions(Timeout::After(timeout)) {
+            Ok(()) => return Ok(client),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && Instant::now() < deadline => {
+                telemetry::txn_retry("init_transactions", 0, &e);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(error) => return Err(TxnError::Init { error }),
+        }
+    }
+}
