@@ -36,6 +36,7 @@ pub mod embedded;
 pub mod engine;
 pub mod histogram;
 pub mod sink;
+mod sync;
 pub mod telemetry;
 pub mod testing;
 pub mod topology;

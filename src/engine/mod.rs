@@ -26,12 +26,13 @@ use rdkafka::{ClientContext, TopicPartitionList};
 
 use crate::dlq;
 use crate::sink::SinkErrorKind;
+use crate::sync::lock;
 use crate::telemetry::{self, AbortReason, health::Health};
 use crate::topology::{OnError, OnExhausted, Topology};
 use crate::transform::{ErrorKind, Origin, Pipeline, Record, Stage, TransformError};
 pub use clients::Identity;
 use retry::Backoff;
-use txn::{Added, Committed, Txn, TxnSettings, TxnStats, lock};
+use txn::{Added, Committed, Txn, TxnSettings, TxnStats};
 
 /// How many records the loop handles between two servings of the producer's delivery reports
 /// (and at every idle poll).

@@ -23,6 +23,7 @@ use super::classify::{TxnAction, classify, traits_of};
 use super::offsets::TxnOffsets;
 use crate::histogram::Histogram;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
+use crate::sync::lock;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::TopicCounts;
 use crate::telemetry::{self, AbortReason};
@@ -112,12 +113,6 @@ impl DeliveryTracker {
             None
         }
     }
-}
-
-/// Locks a mutex; a poisoned one means a panic elsewhere already ended the job's thread, and
-/// the data it guards (counters, an error) stays meaningful.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 type TxnProducer = BaseProducer<DeliveryTracker>;

@@ -14,6 +14,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::sync::lock;
+
 /// What the engine reports of its progress.
 #[derive(Debug)]
 pub struct Health {
@@ -69,7 +71,7 @@ impl Health {
 
     /// A transactional client call begins.
     pub fn call_started(&self, name: &'static str) {
-        *crate::engine::txn::lock(&self.call) = name;
+        *lock(&self.call) = name;
         self.call_started_ms
             .store(now_ms().max(1), Ordering::Relaxed);
     }
@@ -83,12 +85,8 @@ impl Health {
     pub fn hung_call(&self) -> Option<(&'static str, Duration)> {
         let started = self.call_started_ms.load(Ordering::Relaxed);
         let running = now_ms().saturating_sub(started);
-        (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed)).then(|| {
-            (
-                *crate::engine::txn::lock(&self.call),
-                Duration::from_millis(running),
-            )
-        })
+        (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed))
+            .then(|| (*lock(&self.call), Duration::from_millis(running)))
     }
 
     /// Alive, or why not.
