@@ -20,7 +20,8 @@
 //!   the checks only a broker can answer.
 //! * [`testing`]: runs a pipeline over the records of a cases file, without a broker, and
 //!   compares the outputs (`onceflow test`, and the tests of `topologies/`).
-//! * [`histogram`]: a fixed-size duration histogram (commit durations, benchmark latencies).
+//! * [`histogram`]: a duration histogram, HdrHistogram with 3 significant digits (commit
+//!   durations, benchmark latencies).
 //! * [`bench`]: `onceflow bench`, throughput against partition count next to the broker's
 //!   ceiling and Kafka Streams.
 //!

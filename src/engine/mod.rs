@@ -78,7 +78,7 @@ pub struct RunOptions {
 }
 
 /// What a run did, counting committed work only (except `skipped`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Summary {
     pub txn: TxnStats,
     /// Records the pipeline failed on and `runtime.on_error: skip` passed over. Counted when
