@@ -32,7 +32,7 @@
 //!   only a broker can answer) and `onceflow test` (a pipeline over a cases file, no broker).
 //! * [`cli`] (one file per command), [`supervise`] (signals, the grace period of a stop, the
 //!   watchdog of hung calls), [`failpoints`] (every test failpoint), [`retry`] (the one
-//!   backoff), [`histogram`].
+//!   backoff), [`histogram`] (HdrHistogram of durations, 3 significant digits).
 //! * `bench` (with the `bench` feature): `onceflow bench`, throughput against partition count
 //!   next to the broker's ceiling and Kafka Streams.
 //!

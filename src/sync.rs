@@ -1,4 +1,4 @@
-//! Small synchronization helpers.
+//! Small helpers over `std::sync`, shared by the engine and the telemetry.
 
 use std::sync::{Mutex, MutexGuard};
 

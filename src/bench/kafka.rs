@@ -295,7 +295,7 @@ pub fn consume_all(
 }
 
 /// What the reader of an output topic saw.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReaderReport {
     /// End-to-end latency of the probe records: input timestamp to visible here.
     pub e2e: Histogram,

@@ -95,7 +95,7 @@ pub struct RunOptions {
 }
 
 /// What a run did, counting committed work only (except `skipped`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Summary {
     pub txn: TxnStats,
     /// Records the pipeline failed on and `runtime.on_error: skip` passed over. Counted when
@@ -154,7 +154,7 @@ pub fn run(
             }
         }
     };
-    let stats = lock(&txn).stats();
+    let stats = lock(&txn).stats().clone();
     if let Err(e) = result.and(finish) {
         telemetry::fatal(&e);
         return Err(e);

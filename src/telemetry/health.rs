@@ -6,13 +6,26 @@
 //! 503 when a transactional client call has not returned long after its own timeout (librdkafka
 //! can wait forever on a transaction coordinator it lost): the process is stuck, restart it.
 
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::serve::Listener;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
+
+use crate::sync::lock;
 
 /// What the engine reports of its progress.
 #[derive(Debug)]
@@ -69,7 +82,7 @@ impl Health {
 
     /// A transactional client call begins.
     pub fn call_started(&self, name: &'static str) {
-        *crate::sync::lock(&self.call) = name;
+        *lock(&self.call) = name;
         self.call_started_ms
             .store(now_ms().max(1), Ordering::Relaxed);
     }
@@ -83,12 +96,8 @@ impl Health {
     pub fn hung_call(&self) -> Option<(&'static str, Duration)> {
         let started = self.call_started_ms.load(Ordering::Relaxed);
         let running = now_ms().saturating_sub(started);
-        (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed)).then(|| {
-            (
-                *crate::sync::lock(&self.call),
-                Duration::from_millis(running),
-            )
-        })
+        (started != 0 && running > self.call_bound_ms.load(Ordering::Relaxed))
+            .then(|| (*lock(&self.call), Duration::from_millis(running)))
     }
 
     /// Alive, or why not.
@@ -117,95 +126,219 @@ impl Health {
     }
 }
 
-/// The response to one request path.
-fn respond(path: &str, health: &Health, metrics: Option<&PrometheusHandle>) -> (u16, String) {
-    match path {
-        "/healthz" => match health.liveness() {
-            Ok(()) => (200, "ok\n".into()),
-            Err(why) => (503, format!("stuck: {why}\n")),
-        },
-        "/readyz" => match health.readiness() {
-            Ok(()) => (200, "ready\n".into()),
-            Err(why) => (503, format!("not ready: {why}\n")),
-        },
-        "/metrics" => match metrics {
-            Some(handle) => (200, handle.render()),
-            None => (404, "metrics are off\n".into()),
-        },
-        _ => (404, "not found; try /metrics, /healthz or /readyz\n".into()),
+/// How long a client may take to send its request, from connecting.
+const REQUEST_WITHIN: Duration = Duration::from_secs(5);
+
+/// The content type of the Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+
+const NOT_FOUND: &str = "not found; try /metrics, /healthz or /readyz\n";
+
+fn liveness(health: &Health) -> (StatusCode, String) {
+    match health.liveness() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("stuck: {why}\n")),
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until the runtime stops. HTTP/1.1 GET only;
-/// one response per connection.
+fn readiness(health: &Health) -> (StatusCode, String) {
+    match health.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}
+
+fn metrics_text(metrics: Option<&PrometheusHandle>) -> (StatusCode, String) {
+    match metrics {
+        Some(handle) => (StatusCode::OK, handle.render()),
+        None => (StatusCode::NOT_FOUND, "metrics are off\n".into()),
+    }
+}
+
+/// What the routes read.
+#[derive(Clone)]
+struct Endpoint {
+    health: Arc<Health>,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// `/metrics`, `/healthz` and `/readyz`, GET (and so HEAD) only; every response closes its
+/// connection.
+fn router(health: Arc<Health>, metrics: Option<PrometheusHandle>) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|State(e): State<Endpoint>| async move { liveness(&e.health) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(e): State<Endpoint>| async move { readiness(&e.health) }),
+        )
+        .route(
+            "/metrics",
+            get(|State(e): State<Endpoint>| async move {
+                match metrics_text(e.metrics.as_ref()) {
+                    (StatusCode::OK, text) => {
+                        ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text).into_response()
+                    }
+                    other => other.into_response(),
+                }
+            }),
+        )
+        .fallback(|method: Method| async move {
+            if method == Method::GET || method == Method::HEAD {
+                (StatusCode::NOT_FOUND, NOT_FOUND)
+            } else {
+                only_get()
+            }
+        })
+        .method_not_allowed_fallback(|| async { only_get() })
+        .layer(middleware::map_response(|mut response: Response| async {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }))
+        .with_state(Endpoint { health, metrics })
+}
+
+fn only_get() -> (StatusCode, &'static str) {
+    (StatusCode::METHOD_NOT_ALLOWED, "only GET is served\n")
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until the runtime stops. HTTP/1.1 GET (and
+/// HEAD) only; one response per connection.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Option<PrometheusHandle>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let health = Arc::clone(&health);
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _ = handle(stream, &health, metrics.as_ref()).await;
-        });
+    let listener = RequestWithin {
+        listener,
+        within: REQUEST_WITHIN,
+    };
+    // Never completes: axum retries failed accepts after a pause.
+    let _ = axum::serve(listener, router(health, metrics)).await;
+}
+
+/// The endpoint's listener. axum's server puts no time limit on reading a request: here a
+/// connection is closed when its request has not come within `within` of connecting, so that
+/// clients that connect and send nothing do not hold connections (and file descriptors) for
+/// ever.
+struct RequestWithin {
+    listener: TcpListener,
+    within: Duration,
+}
+
+impl Listener for RequestWithin {
+    type Io = ReadDeadline;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (ReadDeadline, SocketAddr) {
+        let (stream, addr) = Listener::accept(&mut self.listener).await;
+        let deadline = Box::pin(tokio::time::sleep(self.within));
+        (ReadDeadline { stream, deadline }, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
     }
 }
 
-async fn handle(
-    mut stream: TcpStream,
-    health: &Health,
-    metrics: Option<&PrometheusHandle>,
-) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0;
-    // Read the request head (bounded in size and time); the body of a GET is ignored.
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
-        while len < buf.len() {
-            let n = stream.read(&mut buf[len..]).await?;
-            if n == 0 {
-                break;
-            }
-            len += n;
-            if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                break;
-            }
+/// A connection whose reads fail once its deadline has passed.
+struct ReadDeadline {
+    stream: TcpStream,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl AsyncRead for ReadDeadline {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()));
         }
-        Ok::<_, std::io::Error>(())
-    })
-    .await;
-    if !matches!(read, Ok(Ok(()))) {
-        return Ok(());
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
-    let head = String::from_utf8_lossy(&buf[..len]);
-    let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
-    let (status, body) = match (parts.next(), parts.next()) {
-        (Some("GET"), Some(target)) => {
-            respond(target.split('?').next().unwrap_or(target), health, metrics)
-        }
-        _ => (405, "only GET is served\n".into()),
-    };
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
-    };
-    let content_type = if body.starts_with('#') || body.contains("onceflow_") {
-        "text/plain; version=0.0.4"
-    } else {
-        "text/plain"
-    };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+}
+
+impl AsyncWrite for ReadDeadline {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
+
+    /// The status and body of a GET of `path`, from the functions the routes call.
+    fn respond(path: &str, health: &Health, metrics: Option<&PrometheusHandle>) -> (u16, String) {
+        let (status, body) = match path {
+            "/healthz" => liveness(health),
+            "/readyz" => readiness(health),
+            "/metrics" => metrics_text(metrics),
+            _ => (StatusCode::NOT_FOUND, NOT_FOUND.into()),
+        };
+        (status.as_u16(), body)
+    }
+
+    /// Status, content type, `connection` header and body of one request to the router.
+    async fn call(router: &Router, method: Method, uri: &str) -> (u16, String, String, String) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default()
+        };
+        let (content_type, connection) = (header(header::CONTENT_TYPE), header(header::CONNECTION));
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            content_type,
+            connection,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
 
     #[test]
     fn unassigned_job_is_alive_but_not_ready() {
@@ -274,5 +407,77 @@ mod tests {
         s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         assert!(out.ends_with("ok\n"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn routes_answer_as_respond_does_and_close_the_connection() {
+        let health = Arc::new(Health::default());
+        let router = router(Arc::clone(&health), None);
+        for path in ["/healthz", "/readyz", "/metrics", "/nope", "/"] {
+            let (status, content_type, connection, body) = call(&router, Method::GET, path).await;
+            assert_eq!((status, body), respond(path, &health, None), "{path}");
+            assert!(
+                content_type.starts_with("text/plain"),
+                "{path}: {content_type}"
+            );
+            assert_eq!(connection, "close", "{path}");
+        }
+        health.set_assigned(2);
+        health.progressed();
+        let (status, _, _, body) = call(&router, Method::GET, "/readyz?verbose=1").await;
+        assert_eq!((status, body.as_str()), (200, "ready\n"));
+    }
+
+    #[tokio::test]
+    async fn only_get_is_served() {
+        let router = router(Arc::new(Health::default()), None);
+        for path in ["/healthz", "/metrics", "/nope"] {
+            let (status, _, connection, body) = call(&router, Method::POST, path).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (405, "only GET is served\n"),
+                "{path}"
+            );
+            assert_eq!(connection, "close", "{path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_are_prometheus_text() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!("onceflow_test_total").increment(3);
+        });
+        let router = router(Arc::new(Health::default()), Some(handle));
+        let (status, content_type, _, body) = call(&router, Method::GET, "/metrics").await;
+        assert_eq!(status, 200);
+        assert_eq!(content_type, "text/plain; version=0.0.4");
+        assert!(body.contains("onceflow_test_total 3"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_a_request_is_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = RequestWithin {
+            listener,
+            within: Duration::from_millis(200),
+        };
+        tokio::spawn(async move {
+            axum::serve(listener, router(Arc::new(Health::default()), None)).await
+        });
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let mut partial = TcpStream::connect(addr).await.unwrap();
+        partial
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        for s in [&mut silent, &mut partial] {
+            let mut out = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+            assert!(read.is_ok(), "still open");
+            assert!(!String::from_utf8_lossy(&out).contains("200 OK"));
+        }
     }
 }

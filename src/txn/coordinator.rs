@@ -45,7 +45,7 @@ pub struct TxnSettings {
 }
 
 /// Totals since the job started, counting committed work only.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TxnStats {
     pub committed: u64,
     pub aborted: u64,
@@ -201,8 +201,8 @@ impl Txn {
         });
     }
 
-    pub fn stats(&self) -> TxnStats {
-        self.stats
+    pub fn stats(&self) -> &TxnStats {
+        &self.stats
     }
 
     pub fn is_open(&self) -> bool {
