@@ -21,18 +21,16 @@ use crate::topology::Topology;
 /// Why supervision could not run the job.
 #[derive(Debug, thiserror::Error)]
 pub enum SuperviseError {
+    // The typed errors are kept as fields and shown in the message (not as sources, which
+    // `{:#}` would print a second time).
     #[error("cannot start the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
     #[error("cannot install the metrics recorder: {0}")]
-    Metrics(String),
-    #[error("cannot listen on {addr} for metrics: {source}")]
-    Listen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    Metrics(metrics_exporter_prometheus::BuildError),
+    #[error("cannot listen on {addr} for metrics: {error}")]
+    Listen { addr: SocketAddr, error: std::io::Error },
     #[error("the job thread panicked: {0}")]
-    Panicked(#[source] tokio::task::JoinError),
+    Panicked(tokio::task::JoinError),
     #[error(transparent)]
     Job(#[from] EngineError),
 }
@@ -85,11 +83,10 @@ pub fn run_until_signal(
     let shutdown = Arc::new(AtomicBool::new(false));
     runtime.block_on(async {
         if let Some(addr) = metrics_addr {
-            let handle = metrics::install(&topology.name)
-                .map_err(|e| SuperviseError::Metrics(e.to_string()))?;
+            let handle = metrics::install(&topology.name).map_err(SuperviseError::Metrics)?;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|source| SuperviseError::Listen { addr, source })?;
+                .map_err(|error| SuperviseError::Listen { addr, error })?;
             tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
             tokio::spawn(health::serve(
                 listener,

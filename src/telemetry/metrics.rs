@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use metrics::{Counter, Unit, counter, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::BuildError;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 
@@ -113,7 +114,7 @@ pub const CATALOGUE: &[(&str, &str)] = &[
 
 /// Installs the Prometheus recorder with `topology` as a global label. Gauges of partitions
 /// no longer assigned disappear after a minute without updates.
-pub fn install(topology: &str) -> Result<PrometheusHandle, String> {
+pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
     let handle = PrometheusBuilder::new()
         .add_global_label("topology", topology)
         .idle_timeout(MetricKindMask::GAUGE, Some(Duration::from_secs(60)))
@@ -128,10 +129,8 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, String> {
                 metrics_exporter_prometheus::Matcher::Full(TXN_RECORDS.to_string()),
                 &[1.0, 10.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0],
             )
-        })
-        .map_err(|e| e.to_string())?
-        .install_recorder()
-        .map_err(|e| e.to_string())?;
+        })?
+        .install_recorder()?;
     describe();
     Ok(handle)
 }

@@ -565,3 +565,297 @@ fn retry_call<T>(
         std::thread::sleep(delay);
     }
 }
+
+/// The coordinator's decisions on librdkafka's mock cluster: it speaks the transactional
+/// protocol (so the calls succeed or fail as they would) but enforces nothing, so these
+/// tests check what the owner does, never that anything is exactly-once (the integration
+/// tests on a real broker do that).
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use rdkafka::consumer::BaseConsumer;
+
+    use super::*;
+    use crate::kafka::embedded::EmbeddedCluster;
+    use crate::record::{ErrorKind, Stage};
+    use crate::txn::{Failure, Refusal};
+
+    const TOPIC: &str = "in";
+
+    /// What a participant was asked to do, in order, shared with the test.
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{severity:?} failure")]
+    struct StubError {
+        severity: Severity,
+        refused: Option<Origin>,
+    }
+
+    impl Failure for StubError {
+        fn severity(&self) -> Severity {
+            self.severity
+        }
+        fn refusals(&self) -> Vec<Refusal> {
+            self.refused
+                .iter()
+                .map(|o| Refusal {
+                    origin: Some(o.clone()),
+                    failure: RecordError {
+                        kind: ErrorKind::Rejected,
+                        stage: Stage::Output {
+                            index: 0,
+                            name: "stub".into(),
+                        },
+                        message: "refused".into(),
+                    },
+                })
+                .collect()
+        }
+    }
+
+    /// A participant that logs every call and fails its next prepare as told.
+    struct Stub {
+        name: &'static str,
+        log: Log,
+        fail_prepare: Arc<Mutex<Option<StubError>>>,
+        staged: usize,
+        full_at: usize,
+    }
+
+    impl Participant for Stub {
+        fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), ParticipantError> {
+            self.staged += produced.len();
+            Ok(())
+        }
+        fn discard_record(&mut self, _: &Origin) {}
+        fn is_full(&self) -> bool {
+            self.staged >= self.full_at
+        }
+        fn prepare(&mut self, _: Instant) -> Result<(), ParticipantError> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} prepare", self.name));
+            match self.fail_prepare.lock().unwrap().take() {
+                Some(e) => Err(Box::new(e)),
+                None => Ok(()),
+            }
+        }
+        fn commit(&mut self) -> Result<bool, ParticipantError> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} commit", self.name));
+            Ok(self.staged > 0)
+        }
+        fn discard(&mut self) {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{} discard", self.name));
+            self.staged = 0;
+        }
+    }
+
+    struct Fixture {
+        _cluster: EmbeddedCluster,
+        consumer: BaseConsumer,
+        txn: Txn,
+        log: Log,
+        fail_second: Arc<Mutex<Option<StubError>>>,
+    }
+
+    fn fixture(abort_every: Option<u64>) -> Fixture {
+        let cluster = EmbeddedCluster::start(1).expect("mock cluster");
+        cluster.create_topic(TOPIC, 2).expect("topic");
+        let bootstrap = cluster.bootstrap_servers().to_string();
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "coordinator-test")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)
+            .unwrap();
+        tpl.add_partition_offset(TOPIC, 1, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&tpl).expect("assign");
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &bootstrap)
+            .set("transactional.id", "coordinator-test");
+        let settings = TxnSettings {
+            commit_interval: Duration::from_secs(3600),
+            max_records: 1_000,
+            max_bytes: 1 << 30,
+            operation_timeout: Duration::from_secs(10),
+            abort_every,
+            exit_after_participant_commit: None,
+            guarantee: Guarantee::ExactlyOnce,
+        };
+        let log = Log::default();
+        let fail_second = Arc::new(Mutex::new(None));
+        let stub = |name, fail| {
+            Box::new(Stub {
+                name,
+                log: Arc::clone(&log),
+                fail_prepare: fail,
+                staged: 0,
+                full_at: 3,
+            }) as Box<dyn Participant>
+        };
+        let txn = Txn::new(config, settings, Arc::new(Health::default()))
+            .expect("init_transactions on the mock cluster")
+            .with_participants(vec![
+                stub("first", Arc::new(Mutex::new(None))),
+                stub("second", Arc::clone(&fail_second)),
+            ]);
+        Fixture {
+            _cluster: cluster,
+            consumer,
+            txn,
+            log,
+            fail_second,
+        }
+    }
+
+    fn origin(partition: i32, offset: i64) -> Origin {
+        Origin {
+            topic: TOPIC.into(),
+            partition,
+            offset,
+        }
+    }
+
+    fn record(origin: &Origin) -> Record {
+        Record {
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: Vec::new(),
+            timestamp: None,
+            origin: origin.clone(),
+        }
+    }
+
+    /// Stages and adds the record at `o` (its output goes to the participants only).
+    fn add(f: &mut Fixture, o: &Origin) {
+        f.txn.stage(&[(0, record(o))]).expect("staged");
+        assert_eq!(f.txn.add(&f.consumer, o, 1, &[]).unwrap(), Added::Yes);
+    }
+
+    fn log(f: &Fixture) -> Vec<String> {
+        std::mem::take(&mut *f.log.lock().unwrap())
+    }
+
+    #[test]
+    fn every_participant_prepares_before_any_commits_then_kafka_commits() {
+        let mut f = fixture(None);
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Nothing);
+        add(&mut f, &origin(0, 0));
+        add(&mut f, &origin(1, 0));
+        assert!(f.txn.is_open());
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        assert_eq!(
+            log(&f),
+            [
+                "first prepare",
+                "second prepare",
+                "first commit",
+                "second commit",
+                "first discard",
+                "second discard"
+            ]
+        );
+        let stats = f.txn.stats();
+        assert_eq!((stats.committed, stats.aborted), (1, 0));
+        assert_eq!(stats.records_committed, 2);
+        assert_eq!(stats.commit_durations.count(), 1);
+        assert!(!f.txn.is_open());
+    }
+
+    #[test]
+    fn a_refused_record_aborts_the_transaction_and_is_remembered_until_a_commit_passes_it() {
+        let mut f = fixture(None);
+        let refused = origin(0, 1);
+        add(&mut f, &origin(0, 0));
+        add(&mut f, &refused);
+        *f.fail_second.lock().unwrap() = Some(StubError {
+            severity: Severity::Permanent,
+            refused: Some(refused.clone()),
+        });
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        assert_eq!(
+            log(&f)[..3],
+            ["first prepare", "second prepare", "first discard"],
+            "a failed prepare rolls back the others; none commits"
+        );
+        assert_eq!(f.txn.stats().aborted, 1);
+        assert_eq!(f.txn.stats().committed, 0);
+        let failure = f.txn.refused(&refused).expect("remembered");
+        assert_eq!(failure.kind, ErrorKind::Rejected);
+        assert_eq!(f.txn.refused(&origin(0, 0)), None);
+        // The records come again; the refused one is now handled as failed (added without
+        // output), and a commit past it forgets it.
+        add(&mut f, &origin(0, 0));
+        assert_eq!(
+            f.txn.add(&f.consumer, &refused, 1, &[]).unwrap(),
+            Added::Yes
+        );
+        assert!(
+            f.txn.refused(&refused).is_some(),
+            "kept until a commit passes it"
+        );
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        assert_eq!(f.txn.refused(&refused), None);
+    }
+
+    #[test]
+    fn a_transient_participant_failure_aborts_and_a_fatal_one_stops() {
+        let mut f = fixture(None);
+        add(&mut f, &origin(0, 0));
+        *f.fail_second.lock().unwrap() = Some(StubError {
+            severity: Severity::Transient,
+            refused: None,
+        });
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        assert_eq!(f.txn.refused(&origin(0, 0)), None);
+        add(&mut f, &origin(0, 0));
+        *f.fail_second.lock().unwrap() = Some(StubError {
+            severity: Severity::Fatal,
+            refused: None,
+        });
+        let err = f.txn.commit(&f.consumer).expect_err("fatal");
+        assert!(matches!(err, TxnError::Participant(_)), "{err}");
+        assert_eq!(f.txn.stats().aborted, 2);
+        assert!(!f.txn.is_open(), "aborted before stopping");
+    }
+
+    #[test]
+    fn a_full_participant_makes_the_transaction_due() {
+        let mut f = fixture(None);
+        let now = Instant::now();
+        assert!(!f.txn.is_due(now), "nothing open");
+        add(&mut f, &origin(0, 0));
+        add(&mut f, &origin(0, 1));
+        assert!(!f.txn.is_due(now));
+        add(&mut f, &origin(0, 2));
+        assert!(f.txn.is_due(now), "the stubs are full at 3 records");
+        assert!(f.txn.due_in(now).is_some());
+    }
+
+    #[test]
+    fn the_failpoint_aborts_every_nth_transaction() {
+        let mut f = fixture(Some(2));
+        let mut outcomes = Vec::new();
+        for offset in 0..4 {
+            add(&mut f, &origin(1, offset));
+            outcomes.push(f.txn.commit(&f.consumer).unwrap());
+        }
+        use Committed::*;
+        assert_eq!(outcomes, [Done, Aborted, Done, Aborted]);
+        assert_eq!((f.txn.stats().committed, f.txn.stats().aborted), (2, 2));
+    }
+}
