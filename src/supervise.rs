@@ -28,7 +28,10 @@ pub enum SuperviseError {
     #[error("cannot install the metrics recorder: {0}")]
     Metrics(metrics_exporter_prometheus::BuildError),
     #[error("cannot listen on {addr} for metrics: {error}")]
-    Listen { addr: SocketAddr, error: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
     #[error("the job thread panicked: {0}")]
     Panicked(tokio::task::JoinError),
     #[error(transparent)]

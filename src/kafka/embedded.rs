@@ -63,6 +63,27 @@ impl EmbeddedCluster {
         }
     }
 
+    /// Makes the next `errors.len()` requests of Kafka API `api_key` (any broker) fail with
+    /// these errors, in order: for tests of error handling.
+    pub fn push_request_errors(
+        &self,
+        api_key: i16,
+        errors: &[rdkafka_sys::rd_kafka_resp_err_t],
+    ) -> Result<(), EmbeddedError> {
+        let mock = mock_ptr(&self.handle)?;
+        // SAFETY: `mock` is alive with `self.handle`; the array outlives the call, which
+        // copies it.
+        unsafe {
+            rdkafka_sys::rd_kafka_mock_push_request_errors_array(
+                mock,
+                api_key,
+                errors.len(),
+                errors.as_ptr(),
+            );
+        }
+        Ok(())
+    }
+
     /// Writes `count` generated JSON records `{"id": n, ...}` keyed by id.
     pub fn feed(&self, topic: &str, count: u64) -> Result<(), EmbeddedError> {
         let producer: BaseProducer = ClientConfig::new()

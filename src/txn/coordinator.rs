@@ -500,9 +500,10 @@ impl Txn {
         }
         let timeout = self.settings.operation_timeout;
         let deadline = Instant::now() + timeout;
-        let committed = retry_call("reading committed offsets", deadline, || {
+        let committed = retry_call(deadline, || {
             consumer.committed_offsets(touched.clone(), timeout)
-        })?;
+        })
+        .map_err(|error| TxnError::rewind("reading committed offsets", error))?;
         let mut seeks = TopicPartitionList::new();
         for elem in committed.elements() {
             let target = match elem.offset() {
@@ -515,16 +516,21 @@ impl Txn {
                     .map_err(|error| TxnError::rewind("building the seek list", error))?;
             }
         }
-        let result = retry_call("seeking", deadline, || {
-            consumer.seek_partitions(seeks.clone(), timeout)
-        })?;
-        for elem in result.elements() {
-            if let Err(error) = elem.error() {
-                let at = format!("{}[{}]", elem.topic(), elem.partition());
-                return Err(TxnError::rewind(&at, error));
+        // A partition's seek can fail on its own (the consumer's state in flux while the
+        // coordinator moves): seeking again to the same offsets is harmless.
+        let mut failed_at = String::from("seeking");
+        retry_call(deadline, || {
+            failed_at = String::from("seeking");
+            let result = consumer.seek_partitions(seeks.clone(), timeout)?;
+            for elem in result.elements() {
+                if let Err(error) = elem.error() {
+                    failed_at = format!("{}[{}]", elem.topic(), elem.partition());
+                    return Err(error);
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
+        .map_err(|error| TxnError::rewind(&failed_at, error))
     }
 
     fn reset(&mut self) {
@@ -544,11 +550,7 @@ impl Txn {
 
 /// Calls a consumer's request again while its error is retriable (the group coordinator
 /// moved or is loading, a request timed out), with a capped backoff, until `deadline`.
-fn retry_call<T>(
-    what: &str,
-    deadline: Instant,
-    mut call: impl FnMut() -> KafkaResult<T>,
-) -> Result<T, TxnError> {
+fn retry_call<T>(deadline: Instant, mut call: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
     let mut backoff = retry::CLIENT_CALL.retries();
     loop {
         let error = match call() {
@@ -559,7 +561,7 @@ fn retry_call<T>(
             .then(|| backoff.next_delay(deadline))
             .flatten();
         let Some(delay) = delay else {
-            return Err(TxnError::rewind(what, error));
+            return Err(error);
         };
         telemetry::txn_retry("rewind", backoff.attempt(), &error);
         std::thread::sleep(delay);
@@ -660,7 +662,7 @@ mod tests {
     }
 
     struct Fixture {
-        _cluster: EmbeddedCluster,
+        cluster: EmbeddedCluster,
         consumer: BaseConsumer,
         txn: Txn,
         log: Log,
@@ -714,7 +716,7 @@ mod tests {
                 stub("second", Arc::clone(&fail_second)),
             ]);
         Fixture {
-            _cluster: cluster,
+            cluster,
             consumer,
             txn,
             log,
@@ -857,5 +859,27 @@ mod tests {
         use Committed::*;
         assert_eq!(outcomes, [Done, Aborted, Done, Aborted]);
         assert_eq!((f.txn.stats().committed, f.txn.stats().aborted), (2, 2));
+    }
+
+    #[test]
+    fn the_rewind_retries_a_group_coordinator_that_moved() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        // OffsetFetch: the request behind the committed offsets the rewind seeks back to.
+        const OFFSET_FETCH: i16 = 9;
+        let mut f = fixture(Some(1));
+        add(&mut f, &origin(0, 0));
+        f.cluster
+            .push_request_errors(
+                OFFSET_FETCH,
+                &[
+                    RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+                    RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+                    RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE,
+                ],
+            )
+            .unwrap();
+        // The failpoint aborts this transaction, and the rewind must read committed offsets.
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        assert!(!f.txn.is_open());
     }
 }
