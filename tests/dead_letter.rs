@@ -295,3 +295,63 @@ fn exhausted_retries_can_pause_the_partition_instead() {
         &read_all(&dlq_topic, PARTITIONS, "read_committed"),
     );
 }
+
+#[test]
+fn a_record_too_large_for_the_dead_letter_topic_is_replayed_from_its_origin() {
+    let (input, output, dlq_topic, replayed) = (
+        unique("big-in"),
+        unique("big-out"),
+        unique("big-dlq"),
+        unique("big-re"),
+    );
+    create_topics(&[&input, &output, &dlq_topic, &replayed], PARTITIONS);
+    // 200 small records and one of about 6,000 bytes: over the job's message.max.bytes
+    // (3,000) as an output, and as a dead letter too.
+    let big = format!(r#"{{"id":{POISON_BASE},"pad":"{}"}}"#, "x".repeat(6_000));
+    let mut records: Vec<(Option<String>, String)> = (0..200u64)
+        .map(|id| (Some(id.to_string()), format!(r#"{{"id":{id}}}"#)))
+        .collect();
+    records.insert(100, (Some(POISON_BASE.to_string()), big.clone()));
+    produce_records(&input, records);
+    let text = format!(
+        "name: {}\ninputs:\n  - {{topic: {input}, codec: json}}\noutputs:\n  - {{topic: {output}}}\ndead_letter: {{topic: {dlq_topic}}}\nkafka:\n  producer:\n    message.max.bytes: \"3000\"\n",
+        unique("big")
+    );
+    let topology = Topology::parse(&text, "t").expect("topology");
+    run_in_process(&topology, RunOptions::default(), &output, PARTITIONS, 200);
+    let letters = read_letters(&dlq_topic, 1);
+    assert_eq!(letters.len(), 1);
+    let letter = &letters[0];
+    assert_eq!(id_of(letter), POISON_BASE);
+    assert_eq!(letter.meta(dlq::H_KIND), "too_large");
+    assert_eq!(
+        letter.value, None,
+        "the value does not fit the dead-letter topic"
+    );
+    let dropped = letter.meta(dlq::H_VALUE_DROPPED);
+    assert!(
+        dropped.starts_with("too large") && dropped.contains("3000"),
+        "{dropped}"
+    );
+    let kafka = onceflow::kafka::Cluster::new(&bootstrap());
+    let r = dlq::replay(
+        &kafka,
+        &dlq_topic,
+        &Filter::default(),
+        Some(&replayed),
+        &mut |_, _| {},
+    )
+    .expect("replay");
+    assert_eq!(r.replayed, 1, "{r:?}");
+    let back = read_records(&replayed, PARTITIONS, "read_committed");
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(
+        back[0].key.as_deref(),
+        Some(POISON_BASE.to_string().as_str())
+    );
+    assert_eq!(
+        back[0].value.as_deref(),
+        Some(big.as_str()),
+        "the original value, read back from its origin"
+    );
+}

@@ -18,6 +18,11 @@ pub const H_TIMESTAMP: &str = "onceflow.origin.timestamp";
 pub const H_TOPOLOGY: &str = "onceflow.topology";
 pub const H_INSTANCE: &str = "onceflow.instance";
 pub const H_FAILED_AT: &str = "onceflow.failed.at";
+/// Set on a dead-letter record whose value was left out because the record would be too
+/// large for the dead-letter topic (its producer's `message.max.bytes`): says how large it
+/// was. The original stays at its origin (`onceflow.origin.*`), where `dlq replay` reads it
+/// back from, for as long as that topic retains it.
+pub const H_VALUE_DROPPED: &str = "onceflow.error.value-dropped";
 /// Set on a replayed record: `<dead-letter topic>/<partition>/<offset>` it was replayed from.
 pub const H_REPLAYED_FROM: &str = "onceflow.replayed.from";
 

@@ -29,6 +29,14 @@ pub enum DlqError {
     Txn(#[from] TxnError),
     #[error("cannot write the table: {0}")]
     Output(#[from] std::io::Error),
+    #[error(
+        "{letter}: its value was too large for the dead-letter topic and was left out, and its original {origin} cannot be read back: {why}; leave it out of the replay with a filter (e.g. --until-ms, --origin-partition)"
+    )]
+    OriginalGone {
+        letter: String,
+        origin: String,
+        why: String,
+    },
     #[error("{topic}[{partition}]@{offset} has no {header} header; pass --to")]
     NoOrigin {
         topic: String,

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{DeadLetter, DlqError, Filter, H_REPLAYED_FROM, H_TOPIC};
+use super::{
+    DeadLetter, DlqError, Filter, H_OFFSET, H_PARTITION, H_REPLAYED_FROM, H_TOPIC, H_VALUE_DROPPED,
+};
 use crate::kafka::Cluster;
-use crate::kafka::read::{read_to_end, reader, watermarks};
+use crate::kafka::read::{read_one, read_to_end, reader, watermarks};
 use crate::record::{Origin, Record};
 use crate::telemetry::health::Health;
 use crate::topology::Guarantee;
@@ -68,7 +70,10 @@ pub fn replay(
             offset: d.offset,
         };
         let target = to.unwrap_or(d.meta(H_TOPIC)).to_string();
-        let record = filter.matches(&d).then(|| original(&d, &origin));
+        let record = match filter.matches(&d) {
+            false => None,
+            true => Some(original(kafka, &d, &origin)?),
+        };
         let outputs: Vec<(&str, Record)> = match record {
             None => Vec::new(),
             Some(_) if target.is_empty() => {
@@ -97,18 +102,53 @@ pub fn replay(
     Ok(s)
 }
 
-/// The original record of a dead letter, marked with where it is replayed from.
-fn original(d: &DeadLetter, origin: &Origin) -> Record {
+/// The original record of a dead letter, marked with where it is replayed from. A letter
+/// whose value was left out (too large for the dead-letter topic) takes the original's value
+/// from its origin, which must still hold it.
+fn original(kafka: &Cluster, d: &DeadLetter, origin: &Origin) -> Result<Record, DlqError> {
     let mut headers = d.headers.clone();
     headers.push((
         H_REPLAYED_FROM.to_string(),
         format!("{}/{}/{}", origin.topic, origin.partition, origin.offset).into_bytes(),
     ));
-    Record {
+    let mut value = d.value.clone();
+    if d.meta.contains_key(H_VALUE_DROPPED) {
+        value = value_from_origin(kafka, d, origin)?;
+    }
+    Ok(Record {
         key: d.key.clone(),
-        value: d.value.clone(),
+        value,
         headers,
         timestamp: None,
         origin: origin.clone(),
+    })
+}
+
+/// The value of a dead letter's original, read back from where it was consumed.
+fn value_from_origin(
+    kafka: &Cluster,
+    d: &DeadLetter,
+    letter: &Origin,
+) -> Result<Option<Vec<u8>>, DlqError> {
+    use rdkafka::message::Message;
+    let gone = |why: &str| DlqError::OriginalGone {
+        letter: letter.to_string(),
+        origin: format!(
+            "{}[{}]@{}",
+            d.meta(H_TOPIC),
+            d.meta(H_PARTITION),
+            d.meta(H_OFFSET)
+        ),
+        why: why.to_string(),
+    };
+    let (Ok(partition), Ok(offset)) = (d.meta(H_PARTITION).parse(), d.meta(H_OFFSET).parse())
+    else {
+        return Err(gone("the letter does not say where its original is"));
+    };
+    match read_one(kafka, d.meta(H_TOPIC), partition, offset)? {
+        Some(msg) => Ok(msg.payload().map(<[u8]>::to_vec)),
+        None => Err(gone(
+            "the topic no longer holds it (retention or compaction removed it)",
+        )),
     }
 }

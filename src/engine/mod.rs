@@ -625,13 +625,18 @@ fn check_sizes(outputs: &[(usize, Record)], max: usize) -> Result<(), RecordErro
     }
 }
 
-/// A dead-letter record too large to send keeps its headers and drops its value.
+/// A dead-letter record too large to send keeps its headers and drops its value, saying so
+/// ([`dlq::H_VALUE_DROPPED`]): `dlq replay` reads the original back from its origin.
 fn fit_dead_letter(mut letter: Record, max: usize) -> Record {
-    if encoded_size(&letter) > max {
+    let size = encoded_size(&letter);
+    if size > max {
         letter.value = None;
+        let why = format!(
+            "too large: about {size} bytes with its value, over message.max.bytes ({max}); the original stays at its origin"
+        );
         letter
             .headers
-            .push(("onceflow.error.value-dropped".into(), b"too large".to_vec()));
+            .push((dlq::H_VALUE_DROPPED.into(), why.into_bytes()));
     }
     letter
 }

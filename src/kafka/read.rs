@@ -141,3 +141,42 @@ fn assign_from_committed(
     consumer.assign(&assign)?;
     Ok(pending)
 }
+
+/// The record at `offset` of `topic[partition]`, read with read_committed, or `None` when the
+/// topic no longer holds it (retention or compaction removed it).
+pub fn read_one(
+    cluster: &Cluster,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) -> Result<Option<rdkafka::message::OwnedMessage>, ReadError> {
+    let consumer: BaseConsumer = cluster
+        .config()
+        .set("group.id", "onceflow.read-one")
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create()?;
+    let (low, end) = consumer.fetch_watermarks(topic, partition, REQUEST_TIMEOUT)?;
+    if offset < low || offset >= end {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    consumer.assign(&tpl)?;
+    let started = Instant::now();
+    while started.elapsed() < MAX_IDLE {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(msg)) if msg.offset() == offset => return Ok(Some(msg.detach())),
+            // Past it: the offset is a hole (compacted away, or a transaction marker).
+            Some(Ok(_)) => return Ok(None),
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    Err(ReadError::Stalled {
+        topic: topic.to_string(),
+        idle: MAX_IDLE,
+        pending: [(partition, offset + 1)].into_iter().collect(),
+    })
+}
