@@ -310,135 +310,95 @@ impl Pipeline {
                 stage: Stage::Processor { index, name },
                 message,
             };
-            let eval_json = |e: &Expression, work: &mut Work<'_>| {
-                work.prepare(e);
-                e.eval_json(&work.scope())
-                    .map_err(|(kind, message)| fail(kind, message))
-            };
-            let eval_bytes = |e: &Expression, work: &mut Work<'_>| {
-                work.prepare(e);
-                e.eval_bytes(&work.scope())
-                    .map_err(|(kind, message)| fail(kind, message))
-            };
             match step {
                 Step::Filter(e) => {
-                    work.prepare(e);
-                    match e.eval_bool(&work.scope()) {
-                        Ok(Some(true)) => {}
-                        Ok(Some(false)) => return Ok(()),
-                        Ok(None) => {
-                            return Err(fail(
-                                ErrorKind::WrongType,
-                                format!("`{}` did not give a bool", e.source()),
-                            ));
-                        }
-                        Err(err) => {
-                            let (kind, message) = e.failure(err);
-                            return Err(fail(kind, message));
-                        }
+                    if !filter(e, &mut work, &fail)? {
+                        return Ok(());
                     }
                 }
-                Step::Map(fields) => {
-                    let mut values = Vec::with_capacity(fields.len());
-                    for (_, e) in fields {
-                        values.push(eval_json(e, &mut work)?);
-                    }
-                    let doc = json_mut(&mut work, &fail)?;
-                    for ((path, _), v) in fields.iter().zip(values) {
-                        doc.set(path, v)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    }
-                }
-                Step::DropFields(paths) => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    for path in paths {
-                        doc.remove(path)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    }
-                }
-                Step::Rename(moves) => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    for (from, to) in moves {
-                        if let Some(v) =
-                            doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))?
-                        {
-                            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
-                        }
-                    }
-                }
+                Step::Map(fields) => map(fields, &mut work, &fail)?,
+                Step::DropFields(paths) => drop_fields(paths, &mut work, &fail)?,
+                Step::Rename(moves) => rename(moves, &mut work, &fail)?,
                 Step::SetKey(e) => {
-                    work.key = eval_bytes(e, &mut work)?;
+                    work.key = eval_bytes(e, &mut work, &fail)?;
                 }
                 Step::SetHeader {
                     name: header,
                     value,
-                } => {
-                    let bytes = match value {
-                        HeaderValue::Fixed(b) => b.clone(),
-                        HeaderValue::Computed(e) => eval_bytes(e, &mut work)?.unwrap_or_default(),
-                    };
-                    work.headers.retain(|(n, _)| n != header);
-                    work.headers.push((header.clone(), bytes));
-                }
+                } => set_header(header, value, &mut work, &fail)?,
                 Step::DropEmpty => {
                     if work.body.is_empty() {
                         return Ok(());
                     }
                 }
                 Step::Explode { field, into } => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    let items = match taken {
-                        Some(Json::Array(items)) => items,
-                        Some(other) => {
-                            return Err(fail(
-                                ErrorKind::WrongType,
-                                format!(
-                                    "`{}` is {}, not an array",
-                                    field.join("."),
-                                    type_name(&other)
-                                ),
-                            ));
-                        }
-                        None => {
-                            return Err(fail(
-                                ErrorKind::MissingField,
-                                format!("no field `{}`", field.join(".")),
-                            ));
-                        }
-                    };
-                    let count = items.len();
-                    for (n, item) in items.into_iter().enumerate() {
-                        // The last element takes the record itself; the others a copy.
-                        let mut each = if n + 1 == count {
-                            std::mem::replace(
-                                &mut work,
-                                Work {
-                                    value_len: 0,
-                                    key: None,
-                                    body: Value::Json(None),
-                                    headers: Vec::new(),
-                                    timestamp: None,
-                                    origin: Origin {
-                                        topic: String::new(),
-                                        partition: 0,
-                                        offset: 0,
-                                    },
-                                },
-                            )
-                        } else {
-                            work.clone()
-                        };
-                        let doc = json_mut(&mut each, &fail)?;
-                        doc.set(into, item)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                        self.run(index + 1, each, out)?;
-                    }
-                    return Ok(());
+                    return self.explode(index, field, into, work, out, &fail);
                 }
             }
         }
         self.emit(work, out)
+    }
+
+    /// Runs the steps after `index` once per element of the array at `field`, each copy of
+    /// `work` holding its element at `into`.
+    fn explode(
+        &self,
+        index: usize,
+        field: &FieldPath,
+        into: &FieldPath,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<(), RecordError> {
+        let doc = json_mut(&mut work, fail)?;
+        let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
+        let items = match taken {
+            Some(Json::Array(items)) => items,
+            Some(other) => {
+                return Err(fail(
+                    ErrorKind::WrongType,
+                    format!(
+                        "`{}` is {}, not an array",
+                        field.join("."),
+                        type_name(&other)
+                    ),
+                ));
+            }
+            None => {
+                return Err(fail(
+                    ErrorKind::MissingField,
+                    format!("no field `{}`", field.join(".")),
+                ));
+            }
+        };
+        let count = items.len();
+        for (n, item) in items.into_iter().enumerate() {
+            // The last element takes the record itself; the others a copy.
+            let mut each = if n + 1 == count {
+                std::mem::replace(
+                    &mut work,
+                    Work {
+                        value_len: 0,
+                        key: None,
+                        body: Value::Json(None),
+                        headers: Vec::new(),
+                        timestamp: None,
+                        origin: Origin {
+                            topic: String::new(),
+                            partition: 0,
+                            offset: 0,
+                        },
+                    },
+                )
+            } else {
+                work.clone()
+            };
+            let doc = json_mut(&mut each, fail)?;
+            doc.set(into, item)
+                .map_err(|m| fail(ErrorKind::WrongType, m))?;
+            self.run(index + 1, each, out)?;
+        }
+        Ok(())
     }
 
     /// Hands a record that went through every step to its outputs, encoded.
@@ -543,6 +503,113 @@ impl Pipeline {
         ));
         Ok(())
     }
+}
+
+// --- The steps, each on the record at hand; `fail` locates their errors -------------------
+
+/// Whether `work` passes the filter `e`.
+fn filter(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<bool, RecordError> {
+    work.prepare(e);
+    match e.eval_bool(&work.scope()) {
+        Ok(Some(keep)) => Ok(keep),
+        Ok(None) => Err(fail(
+            ErrorKind::WrongType,
+            format!("`{}` did not give a bool", e.source()),
+        )),
+        Err(err) => {
+            let (kind, message) = e.failure(err);
+            Err(fail(kind, message))
+        }
+    }
+}
+
+/// Sets every field of `fields` to its expression's value, all evaluated first.
+fn map(
+    fields: &[(FieldPath, Expression)],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let mut values = Vec::with_capacity(fields.len());
+    for (_, e) in fields {
+        values.push(eval_json(e, work, fail)?);
+    }
+    let doc = json_mut(work, fail)?;
+    for ((path, _), v) in fields.iter().zip(values) {
+        doc.set(path, v)
+            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+    }
+    Ok(())
+}
+
+/// Removes every field of `paths`.
+fn drop_fields(
+    paths: &[FieldPath],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let doc = json_mut(work, fail)?;
+    for path in paths {
+        doc.remove(path)
+            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+    }
+    Ok(())
+}
+
+/// Moves every field of `moves` from its first path to its second.
+fn rename(
+    moves: &[(FieldPath, FieldPath)],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let doc = json_mut(work, fail)?;
+    for (from, to) in moves {
+        if let Some(v) = doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))? {
+            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the headers named `header` by one of `value`.
+fn set_header(
+    header: &str,
+    value: &HeaderValue,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let bytes = match value {
+        HeaderValue::Fixed(b) => b.clone(),
+        HeaderValue::Computed(e) => eval_bytes(e, work, fail)?.unwrap_or_default(),
+    };
+    work.headers.retain(|(n, _)| n != header);
+    work.headers.push((header.to_string(), bytes));
+    Ok(())
+}
+
+/// The value of `e` on `work`, as JSON.
+fn eval_json(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Json, RecordError> {
+    work.prepare(e);
+    e.eval_json(&work.scope())
+        .map_err(|(kind, message)| fail(kind, message))
+}
+
+/// The value of `e` on `work`, as bytes (`None` for null).
+fn eval_bytes(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Option<Vec<u8>>, RecordError> {
+    work.prepare(e);
+    e.eval_bytes(&work.scope())
+        .map_err(|(kind, message)| fail(kind, message))
 }
 
 /// The JSON document of `work`, for a processor that changes it.
