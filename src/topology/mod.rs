@@ -152,6 +152,16 @@ fn default_allow_unused() -> bool {
     false
 }
 
+/// Where an output writes, as code reads it: the file's `topic` and `postgres` options made
+/// one choice (see [`Output::target`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A Kafka topic, written inside the job's transactions.
+    Topic(&'a str),
+    /// A PostgreSQL table.
+    Postgres(&'a PostgresOutput),
+}
+
 impl Output {
     /// The name `route` uses for this output.
     pub fn name(&self) -> &str {
@@ -159,6 +169,18 @@ impl Output {
             .as_deref()
             .or(self.topic.as_deref())
             .unwrap_or_default()
+    }
+
+    /// Where this output writes. The file keeps `topic` and `postgres` as two options, so
+    /// that [`Topology::validate`] reports every problem of a file at once with its field
+    /// path (a choice made while parsing would stop at the first); this is the one choice
+    /// they make. `None` only for a file that failed validation (neither or both given).
+    pub fn target(&self) -> Option<Target<'_>> {
+        match (&self.topic, &self.postgres) {
+            (Some(topic), None) => Some(Target::Topic(topic)),
+            (None, Some(postgres)) => Some(Target::Postgres(postgres)),
+            _ => None,
+        }
     }
 }
 
@@ -681,12 +703,25 @@ impl Topology {
             .unwrap_or_else(|| format!("onceflow.{}", self.name))
     }
 
-    /// The output topic names, in the order of `outputs` (the pipeline's output indexes);
-    /// empty for an output that is not a Kafka topic (`postgres`).
+    /// The output topic names, for display: one per output, in the order of `outputs` (the
+    /// pipeline's output indexes), empty for an output that is not a Kafka topic
+    /// (`postgres`). Code that acts on outputs reads [`Output::target`], or
+    /// [`Topology::kafka_output_topics`] for the topics alone.
     pub fn output_topics(&self) -> Vec<&str> {
         self.outputs
             .iter()
             .map(|o| o.topic.as_deref().unwrap_or_default())
+            .collect()
+    }
+
+    /// The topics of the outputs that are Kafka topics, in the order of `outputs`.
+    pub fn kafka_output_topics(&self) -> Vec<&str> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o.target() {
+                Some(Target::Topic(topic)) => Some(topic),
+                _ => None,
+            })
             .collect()
     }
 
@@ -939,6 +974,25 @@ mod postgres_tests {
         let t = Topology::parse(&text, "t.yaml").unwrap();
         assert_eq!(t.output_topics(), vec!["out", ""]);
         assert_eq!(t.postgres_outputs().count(), 1);
+    }
+
+    #[test]
+    fn each_output_has_one_target_and_only_topics_are_kafka_outputs() {
+        let text = PG.replace(
+            "outputs:\n",
+            "pipeline:\n  - route: {routes: [{when: 'true', to: [out, orders_db]}], default: [out]}\noutputs:\n  - topic: out\n",
+        );
+        let t = Topology::parse(&text, "t.yaml").unwrap();
+        assert!(matches!(t.outputs[0].target(), Some(Target::Topic("out"))));
+        assert!(
+            matches!(t.outputs[1].target(), Some(Target::Postgres(pg)) if pg.table == "sales.orders")
+        );
+        assert_eq!(t.kafka_output_topics(), vec!["out"]);
+
+        let both = "name: t\ninputs: [{topic: in}]\noutputs:\n  - topic: a\n    postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}\n  - {}\n";
+        let t = Topology::parse_unchecked(both).unwrap();
+        assert!(t.outputs.iter().all(|o| o.target().is_none()));
+        assert!(t.kafka_output_topics().is_empty());
     }
 
     #[test]
