@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::record::{Origin, Record};
-use crate::topology::{Codec, Output, Topology};
+use crate::topology::{Codec, Output, Target, Topology};
 use crate::transform::Pipeline;
 
 /// A cases file.
@@ -284,7 +284,10 @@ fn diff(output: &Output, codec: Codec, expected: &[ExpectedRecord], actual: &[Re
     let mut diff = format!(
         "output `{}` ({}): expected {} record(s), got {}\n",
         output.name(),
-        output.topic.as_deref().unwrap_or("postgres"),
+        match output.target() {
+            Some(Target::Topic(topic)) => topic,
+            _ => "postgres",
+        },
         expected.len(),
         actual.len()
     );
