@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 
 use crate::record::{Origin, Record};
-use crate::topology::{Codec, Topology};
+use crate::topology::{Codec, Output, Target, Topology};
 use crate::transform::Pipeline;
 
 /// A cases file.
@@ -176,55 +176,7 @@ pub fn run_cases(topology: &Topology, pipeline: &Pipeline, cases: &CasesFile) ->
 
 fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport {
     let mut mismatches = Vec::new();
-    let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
-    let mut errors: Vec<(usize, String, String)> = Vec::new();
-    let mut out = Vec::new();
-    for (n, input) in case.input.iter().enumerate() {
-        let topic = input
-            .topic
-            .clone()
-            .or_else(|| topology.inputs.first().map(|i| i.topic.clone()))
-            .unwrap_or_default();
-        if !topology.inputs.iter().any(|i| i.topic == topic) {
-            mismatches.push(format!(
-                "input[{n}]: `{topic}` is not an input topic of the topology"
-            ));
-            continue;
-        }
-        let value = match (&input.raw, &input.value) {
-            (Some(raw), _) => Some(raw.as_bytes().to_vec()),
-            (None, Some(Json::String(s))) => Some(s.as_bytes().to_vec()),
-            (None, Some(v)) => Some(v.to_string().into_bytes()),
-            (None, None) => None,
-        };
-        let record = Record {
-            key: input.key.as_ref().map(|k| k.as_bytes().to_vec()),
-            value,
-            headers: input
-                .headers
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
-                .collect(),
-            timestamp: input.timestamp,
-            origin: Origin {
-                topic,
-                partition: 0,
-                offset: n as i64,
-            },
-        };
-        out.clear();
-        match pipeline.process(record, &mut out) {
-            Ok(()) => {
-                for (index, rec) in out.drain(..) {
-                    if let Some(list) = got.get_mut(index) {
-                        list.push(rec);
-                    }
-                }
-            }
-            Err(e) => errors.push((n, e.kind.name().to_string(), e.to_string())),
-        }
-    }
-
+    let (got, errors) = feed(topology, pipeline, case, &mut mismatches);
     for name in case.expect.keys() {
         if !topology.outputs.iter().any(|o| o.name() == name) {
             mismatches.push(format!("expect: no output is named `{name}`"));
@@ -244,34 +196,124 @@ fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport
                 .zip(actual)
                 .all(|(e, a)| matches(e, a, codec));
         if !same {
-            let mut diff = format!(
-                "output `{}` ({}): expected {} record(s), got {}\n",
-                output.name(),
-                output.topic.as_deref().unwrap_or("postgres"),
-                expected.len(),
-                actual.len()
-            );
-            for i in 0..expected.len().max(actual.len()) {
-                let e = expected.get(i);
-                let a = actual.get(i);
-                match (e, a) {
-                    (Some(e), Some(a)) if matches(e, a, codec) => {
-                        diff.push_str(&format!("    {}\n", show_actual(a, codec, Some(e))));
-                    }
-                    _ => {
-                        if let Some(e) = e {
-                            diff.push_str(&format!("  - {}\n", show_expected(e)));
-                        }
-                        if let Some(a) = a {
-                            diff.push_str(&format!("  + {}\n", show_actual(a, codec, e)));
-                        }
+            mismatches.push(diff(output, codec, expected, actual));
+        }
+    }
+    compare_errors(case, &errors, &mut mismatches);
+    CaseReport {
+        name: case.name.clone(),
+        mismatches,
+    }
+}
+
+/// An input record that failed: its index in `input`, its error kind and message.
+type Failure = (usize, String, String);
+
+/// Runs the inputs of `case` through `pipeline`. Returns what each output received, by
+/// output index, and the records that failed; an input that cannot be fed is a mismatch.
+fn feed(
+    topology: &Topology,
+    pipeline: &Pipeline,
+    case: &Case,
+    mismatches: &mut Vec<String>,
+) -> (Vec<Vec<Record>>, Vec<Failure>) {
+    let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
+    let mut errors: Vec<Failure> = Vec::new();
+    let mut out = Vec::new();
+    for (n, input) in case.input.iter().enumerate() {
+        let record = match input_record(topology, n, input) {
+            Ok(record) => record,
+            Err(mismatch) => {
+                mismatches.push(mismatch);
+                continue;
+            }
+        };
+        out.clear();
+        match pipeline.process(record, &mut out) {
+            Ok(()) => {
+                for (index, rec) in out.drain(..) {
+                    if let Some(list) = got.get_mut(index) {
+                        list.push(rec);
                     }
                 }
             }
-            mismatches.push(diff.trim_end().to_string());
+            Err(e) => errors.push((n, e.kind.name().to_string(), e.to_string())),
         }
     }
-    for (n, kind, message) in &errors {
+    (got, errors)
+}
+
+/// The record `input`, the `n`th of its case, as consumed; a mismatch when its topic is no
+/// input of the topology.
+fn input_record(topology: &Topology, n: usize, input: &InputRecord) -> Result<Record, String> {
+    let topic = input
+        .topic
+        .clone()
+        .or_else(|| topology.inputs.first().map(|i| i.topic.clone()))
+        .unwrap_or_default();
+    if !topology.inputs.iter().any(|i| i.topic == topic) {
+        return Err(format!(
+            "input[{n}]: `{topic}` is not an input topic of the topology"
+        ));
+    }
+    let value = match (&input.raw, &input.value) {
+        (Some(raw), _) => Some(raw.as_bytes().to_vec()),
+        (None, Some(Json::String(s))) => Some(s.as_bytes().to_vec()),
+        (None, Some(v)) => Some(v.to_string().into_bytes()),
+        (None, None) => None,
+    };
+    Ok(Record {
+        key: input.key.as_ref().map(|k| k.as_bytes().to_vec()),
+        value,
+        headers: input
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+            .collect(),
+        timestamp: input.timestamp,
+        origin: Origin {
+            topic,
+            partition: 0,
+            offset: n as i64,
+        },
+    })
+}
+
+/// What `output` received against what it should have, record by record.
+fn diff(output: &Output, codec: Codec, expected: &[ExpectedRecord], actual: &[Record]) -> String {
+    let mut diff = format!(
+        "output `{}` ({}): expected {} record(s), got {}\n",
+        output.name(),
+        match output.target() {
+            Some(Target::Topic(topic)) => topic,
+            _ => "postgres",
+        },
+        expected.len(),
+        actual.len()
+    );
+    for i in 0..expected.len().max(actual.len()) {
+        let e = expected.get(i);
+        let a = actual.get(i);
+        match (e, a) {
+            (Some(e), Some(a)) if matches(e, a, codec) => {
+                diff.push_str(&format!("    {}\n", show_actual(a, codec, Some(e))));
+            }
+            _ => {
+                if let Some(e) = e {
+                    diff.push_str(&format!("  - {}\n", show_expected(e)));
+                }
+                if let Some(a) = a {
+                    diff.push_str(&format!("  + {}\n", show_actual(a, codec, e)));
+                }
+            }
+        }
+    }
+    diff.trim_end().to_string()
+}
+
+/// The records that failed against those expected to fail.
+fn compare_errors(case: &Case, errors: &[Failure], mismatches: &mut Vec<String>) {
+    for (n, kind, message) in errors {
         if !case.errors.iter().any(|e| e.input == *n && &e.kind == kind) {
             mismatches.push(format!("input[{n}] failed unexpectedly: {message}"));
         }
@@ -286,10 +328,6 @@ fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport
                 e.input, e.kind
             ));
         }
-    }
-    CaseReport {
-        name: case.name.clone(),
-        mismatches,
     }
 }
 

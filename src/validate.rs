@@ -12,7 +12,7 @@ use rdkafka::client::DefaultClientContext;
 
 use crate::topology::env::{self, Strictness};
 use crate::topology::lines::LineMap;
-use crate::topology::{PROTECTED_CLIENT_SETTINGS, Topology};
+use crate::topology::{PROTECTED_CLIENT_SETTINGS, Target, Topology};
 use crate::transform::Pipeline;
 
 /// One problem, located.
@@ -220,7 +220,7 @@ pub fn check_broker(
         }
     }
     for (i, output) in topology.outputs.iter().enumerate() {
-        let Some(topic) = &output.topic else {
+        let Some(Target::Topic(topic)) = output.target() else {
             continue;
         };
         if !exists(topic) {

@@ -109,7 +109,7 @@ fn run_embedded(
         topology.name
     );
     let cluster = EmbeddedCluster::start(1)?;
-    let outputs = topology.output_topics();
+    let outputs = topology.kafka_output_topics();
     for topic in topology.input_topics().into_iter().chain(outputs) {
         cluster.create_topic(topic, 3)?;
     }

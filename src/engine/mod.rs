@@ -30,7 +30,7 @@ use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::source::kafka::{self as source, Paused, SourceContext, TopicError};
 use crate::sync::lock;
 use crate::telemetry::{self, health::Health};
-use crate::topology::{ConfigIssue, Topology};
+use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::{AbortReason, Added, Committed, Txn, TxnError, TxnSettings, TxnStats};
 use outcome::{Outcome, Policy};
@@ -207,8 +207,7 @@ fn connect(
             what: "cannot create the consumer".into(),
             error,
         })?;
-    let outputs = topology.output_topics();
-    let outputs: Vec<&str> = outputs.into_iter().filter(|t| !t.is_empty()).collect();
+    let outputs = topology.kafka_output_topics();
     source::check_topics_exist(
         &consumer,
         &outputs,
@@ -261,9 +260,12 @@ impl<'t> Job<'t> {
         let pipeline = Pipeline::compile(topology).map_err(EngineError::Config)?;
         let runtime = &topology.runtime;
         let topics = topology
-            .output_topics()
-            .into_iter()
-            .map(|t| (!t.is_empty()).then_some(t))
+            .outputs
+            .iter()
+            .map(|o| match o.target() {
+                Some(Target::Topic(topic)) => Some(topic),
+                _ => None,
+            })
             .collect();
         Ok(Job {
             topology,

@@ -19,7 +19,7 @@ pub mod postgres;
 use std::time::Instant;
 
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
-use crate::topology::Topology;
+use crate::topology::{Target, Topology};
 pub use crate::txn::Severity as SinkErrorKind;
 use crate::txn::{Failure, Participant, ParticipantError, Refusal};
 use postgres::{PostgresError, PostgresSink};
@@ -208,7 +208,7 @@ impl Sinks {
         let mut sinks = Sinks::default();
         let mut tables: Vec<(String, &str)> = Vec::new();
         for (index, output) in topology.outputs.iter().enumerate() {
-            if let Some(config) = &output.postgres {
+            if let Some(Target::Postgres(config)) = output.target() {
                 let name = output.name.as_deref().unwrap_or_default();
                 let sink = PostgresSink::connect(&topology.name, name, config)?;
                 // The outputs commit together, each in a transaction of its own: two writing one

@@ -47,12 +47,7 @@ pub fn interpolate(
     while let Some(pos) = rest.find('$') {
         let before = &rest[..pos];
         // Where this `$` is, for messages (files are small: counting from the start is fine).
-        let upto = &text[..text.len() - rest.len() + pos];
-        let line = upto.matches('\n').count() + 1;
-        let column = upto[upto.rfind('\n').map_or(0, |i| i + 1)..]
-            .chars()
-            .count()
-            + 1;
+        let place = Place::after(&text[..text.len() - rest.len() + pos]);
         out.push_str(before);
         let after = &rest[pos + 1..];
         if let Some(tail) = after.strip_prefix('$') {
@@ -67,78 +62,107 @@ pub fn interpolate(
         };
         let line_end = body_and_tail.find('\n').unwrap_or(body_and_tail.len());
         let Some(end) = body_and_tail[..line_end].find('}') else {
-            issues.push(EnvIssue {
-                line,
-                column,
-                variable: String::new(),
-                message: "`${` without a closing `}`".into(),
-            });
+            issues.push(place.issue("", "`${` without a closing `}`".into()));
             out.push('$');
             rest = after;
             continue;
         };
         let body = &body_and_tail[..end];
         rest = &body_and_tail[end + 1..];
-        let (name, op) = match body.find([':', '-', '?']) {
-            Some(i) => (&body[..i], Some(&body[i..])),
-            None => (body, None),
-        };
-        if !is_var_name(name) {
-            issues.push(EnvIssue {
-                line,
-                column,
-                variable: name.to_string(),
-                message: format!(
-                    "`${{{body}}}` is not a variable reference (use `$$` for a literal `$`)"
-                ),
-            });
-            continue;
-        }
-        let value = lookup(name).filter(|v| op.is_none() || !v.is_empty());
-        match (value, op) {
-            (Some(v), _) => out.push_str(&v),
-            (None, Some(op)) if op.starts_with(":-") => out.push_str(&op[2..]),
-            (None, Some(op)) if op.starts_with(":?") => {
-                out.push_str(name);
-                if strictness == Strictness::Strict {
-                    let message = &op[2..];
-                    issues.push(EnvIssue {
-                        line,
-                        column,
-                        variable: name.to_string(),
-                        message: if message.is_empty() {
-                            format!("environment variable {name} is unset or empty")
-                        } else {
-                            format!("environment variable {name}: {message}")
-                        },
-                    });
-                }
-            }
-            (None, Some(op)) => issues.push(EnvIssue {
-                line,
-                column,
-                variable: name.to_string(),
-                message: format!(
-                    "`{op}` after {name}: only `${{VAR}}`, `${{VAR:-default}}` and `${{VAR:?message}}` are understood"
-                ),
-            }),
-            (None, None) => {
-                out.push_str(name);
-                if strictness == Strictness::Strict {
-                    issues.push(EnvIssue {
-                        line,
-                        column,
-                        variable: name.to_string(),
-                        message: format!(
-                            "environment variable {name} is not set (give a default with ${{{name}:-default}})"
-                        ),
-                    });
-                }
-            }
+        if let Some((variable, message)) = expand(body, lookup, strictness, &mut out) {
+            issues.push(place.issue(variable, message));
         }
     }
     out.push_str(rest);
     (out, issues)
+}
+
+/// Where a `$` is in the text: its 1-based line and column (in characters).
+#[derive(Clone, Copy)]
+struct Place {
+    line: usize,
+    column: usize,
+}
+
+impl Place {
+    /// The place right after `upto`, the text before the `$`.
+    fn after(upto: &str) -> Place {
+        let line = upto.matches('\n').count() + 1;
+        let column = upto[upto.rfind('\n').map_or(0, |i| i + 1)..]
+            .chars()
+            .count()
+            + 1;
+        Place { line, column }
+    }
+
+    /// A problem of the reference here, to `variable` (empty when it is malformed).
+    fn issue(self, variable: &str, message: String) -> EnvIssue {
+        EnvIssue {
+            line: self.line,
+            column: self.column,
+            variable: variable.to_string(),
+            message,
+        }
+    }
+}
+
+/// Appends what the reference `${body}` expands to. Returns its problem, if any: the
+/// variable's name and what is wrong.
+fn expand<'b>(
+    body: &'b str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    strictness: Strictness,
+    out: &mut String,
+) -> Option<(&'b str, String)> {
+    let (name, op) = match body.find([':', '-', '?']) {
+        Some(i) => (&body[..i], Some(&body[i..])),
+        None => (body, None),
+    };
+    if !is_var_name(name) {
+        return Some((
+            name,
+            format!("`${{{body}}}` is not a variable reference (use `$$` for a literal `$`)"),
+        ));
+    }
+    let value = lookup(name).filter(|v| op.is_none() || !v.is_empty());
+    match (value, op) {
+        (Some(v), _) => out.push_str(&v),
+        (None, Some(op)) if op.starts_with(":-") => out.push_str(&op[2..]),
+        (None, Some(op)) if op.starts_with(":?") => {
+            out.push_str(name);
+            if strictness == Strictness::Strict {
+                let message = &op[2..];
+                return Some((
+                    name,
+                    if message.is_empty() {
+                        format!("environment variable {name} is unset or empty")
+                    } else {
+                        format!("environment variable {name}: {message}")
+                    },
+                ));
+            }
+        }
+        (None, Some(op)) => {
+            return Some((
+                name,
+                format!(
+                    "`{op}` after {name}: only `${{VAR}}`, `${{VAR:-default}}` and `${{VAR:?message}}` are understood"
+                ),
+            ));
+        }
+        (None, None) => {
+            out.push_str(name);
+            if strictness == Strictness::Strict {
+                return Some((
+                    name,
+                    format!(
+                        "environment variable {name} is not set (give a default with ${{{name}:-default}})"
+                    ),
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn is_var_name(name: &str) -> bool {

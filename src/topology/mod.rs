@@ -152,6 +152,16 @@ fn default_allow_unused() -> bool {
     false
 }
 
+/// Where an output writes, as code reads it: the file's `topic` and `postgres` options made
+/// one choice (see [`Output::target`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A Kafka topic, written inside the job's transactions.
+    Topic(&'a str),
+    /// A PostgreSQL table.
+    Postgres(&'a PostgresOutput),
+}
+
 impl Output {
     /// The name `route` uses for this output.
     pub fn name(&self) -> &str {
@@ -159,6 +169,18 @@ impl Output {
             .as_deref()
             .or(self.topic.as_deref())
             .unwrap_or_default()
+    }
+
+    /// Where this output writes. The file keeps `topic` and `postgres` as two options, so
+    /// that [`Topology::validate`] reports every problem of a file at once with its field
+    /// path (a choice made while parsing would stop at the first); this is the one choice
+    /// they make. `None` only for a file that failed validation (neither or both given).
+    pub fn target(&self) -> Option<Target<'_>> {
+        match (&self.topic, &self.postgres) {
+            (Some(topic), None) => Some(Target::Topic(topic)),
+            (None, Some(postgres)) => Some(Target::Postgres(postgres)),
+            _ => None,
+        }
     }
 }
 
@@ -404,12 +426,32 @@ impl Topology {
                 message: message.to_string(),
             })
         };
+        self.validate_name(&mut issue);
+        self.validate_inputs(&mut issue);
+        self.validate_outputs(&mut issue);
+        self.validate_pipeline(&mut issue);
+        for i in self.validate_postgres_outputs() {
+            issue(i.path, &i.message);
+        }
+        self.validate_limits(&mut issue);
+        self.validate_dead_letter(&mut issue);
+        self.validate_transaction_timeout(&mut issue);
+        self.validate_client_settings(&mut issue);
+        issues
+    }
+
+    /// The job's name.
+    fn validate_name(&self, issue: &mut dyn FnMut(String, &str)) {
         if !is_valid_name(&self.name) {
             issue(
                 "name".into(),
                 "must be 1-100 characters of [A-Za-z0-9._-]; it is part of the transactional id",
             );
         }
+    }
+
+    /// The input topics.
+    fn validate_inputs(&self, issue: &mut dyn FnMut(String, &str)) {
         if self.inputs.is_empty() {
             issue("inputs".into(), "at least one input topic is needed");
         }
@@ -418,6 +460,10 @@ impl Topology {
                 issue(format!("inputs[{i}].topic"), "must not be empty");
             }
         }
+    }
+
+    /// That there are outputs; the topics and names of topic outputs.
+    fn validate_outputs(&self, issue: &mut dyn FnMut(String, &str)) {
         if self.outputs.is_empty() {
             issue("outputs".into(), "at least one output is needed");
         }
@@ -442,10 +488,10 @@ impl Topology {
                 );
             }
         }
-        self.validate_pipeline(&mut issue);
-        for i in self.validate_postgres_outputs() {
-            issue(i.path, &i.message);
-        }
+    }
+
+    /// The limits of a transaction and of the attempts at a record.
+    fn validate_limits(&self, issue: &mut dyn FnMut(String, &str)) {
         let rt = &self.runtime;
         if rt.commit_interval_ms == 0 {
             issue("runtime.commit_interval_ms".into(), "must be at least 1");
@@ -462,6 +508,10 @@ impl Topology {
                 "must not exceed runtime.retry_backoff_max_ms",
             );
         }
+    }
+
+    /// The dead-letter topic.
+    fn validate_dead_letter(&self, issue: &mut dyn FnMut(String, &str)) {
         let dlq = self.dead_letter_topic();
         if self.inputs.iter().any(|i| i.topic == dlq) {
             issue(
@@ -469,6 +519,11 @@ impl Topology {
                 "must differ from every input topic (failed records would come back forever)",
             );
         }
+    }
+
+    /// The transaction timeout, alone and against the commit interval.
+    fn validate_transaction_timeout(&self, issue: &mut dyn FnMut(String, &str)) {
+        let rt = &self.runtime;
         if rt.transaction_timeout_ms < 1000 {
             issue(
                 "runtime.transaction_timeout_ms".into(),
@@ -486,6 +541,10 @@ impl Topology {
                 "must be at most a fifth of runtime.transaction_timeout_ms, or transactions time out before they commit",
             );
         }
+    }
+
+    /// The Kafka client settings: none that onceflow sets itself.
+    fn validate_client_settings(&self, issue: &mut dyn FnMut(String, &str)) {
         for (section, map) in [
             ("common", &self.kafka.common),
             ("consumer", &self.kafka.consumer),
@@ -500,7 +559,6 @@ impl Topology {
                 }
             }
         }
-        issues
     }
 
     /// Checks of the pipeline that need no expression compiled: JSON-only processors on raw
@@ -520,84 +578,71 @@ impl Topology {
             match p {
                 Processor::Route(route) => {
                     routes += 1;
-                    if i + 1 != self.pipeline.len() {
-                        issue(
-                            here.clone(),
-                            "must be the last processor: it hands records to the outputs",
-                        );
-                    }
-                    if route.routes.is_empty() {
-                        issue(format!("{here}.routes"), "needs at least one route");
-                    }
-                    let mut targets: Vec<(String, &String)> = Vec::new();
-                    for (r, rule) in route.routes.iter().enumerate() {
-                        for (t, name) in rule.to.iter().enumerate() {
-                            targets.push((format!("{here}.routes[{r}].to[{t}]"), name));
-                        }
-                    }
-                    for (t, name) in route.default.iter().enumerate() {
-                        targets.push((format!("{here}.default[{t}]"), name));
-                    }
-                    for (path, name) in targets {
-                        if self.outputs.iter().any(|o| o.name() == name) {
-                            routed.insert(name);
-                        } else {
-                            let known: Vec<&str> = self.outputs.iter().map(Output::name).collect();
-                            issue(
-                                path,
-                                &format!("no output is named `{name}` (outputs: {known:?})"),
-                            );
-                        }
-                    }
-                    for (r, rule) in route.routes.iter().enumerate() {
-                        if rule.to.is_empty() {
-                            issue(
-                                format!("{here}.routes[{r}].to"),
-                                "names no output (drop records with `filter` instead)",
-                            );
-                        }
-                    }
+                    self.validate_route(i, &here, route, &mut routed, issue);
                 }
-                Processor::SetHeader(h) => {
-                    if h.value.is_some() == h.expr.is_some() {
-                        issue(here.clone(), "needs exactly one of `value` and `expr`");
-                    }
-                    if h.name.is_empty() {
-                        issue(format!("{here}.name"), "must not be empty");
-                    }
-                }
-                Processor::DropFields(fields) => {
-                    for (f, field) in fields.iter().enumerate() {
-                        if !is_field_path(field) {
-                            issue(format!("{here}[{f}]"), FIELD_PATH_RULE);
-                        }
-                    }
-                }
-                Processor::Rename(map) => {
-                    for (from, to) in map {
-                        if !is_field_path(from) || !is_field_path(to) {
-                            issue(format!("{here}.{from}"), FIELD_PATH_RULE);
-                        }
-                    }
-                }
-                Processor::Map(map) => {
-                    for field in map.keys() {
-                        if !is_field_path(field) {
-                            issue(format!("{here}.{field}"), FIELD_PATH_RULE);
-                        }
-                    }
-                }
-                Processor::Explode(e) => {
-                    if !is_field_path(&e.field) {
-                        issue(format!("{here}.field"), FIELD_PATH_RULE);
-                    }
-                    if e.into.as_deref().is_some_and(|f| !is_field_path(f)) {
-                        issue(format!("{here}.as"), FIELD_PATH_RULE);
-                    }
-                }
-                Processor::Filter(_) | Processor::SetKey(_) | Processor::DropEmpty {} => {}
+                _ => validate_processor(&here, p, issue),
             }
         }
+        self.validate_routing(routes, &routed, issue);
+    }
+
+    /// The `route` processor `route`, the `i`th of the pipeline, found at `here`; adds the
+    /// outputs it names to `routed`.
+    fn validate_route<'a>(
+        &'a self,
+        i: usize,
+        here: &str,
+        route: &'a RouteConfig,
+        routed: &mut BTreeSet<&'a str>,
+        issue: &mut dyn FnMut(String, &str),
+    ) {
+        if i + 1 != self.pipeline.len() {
+            issue(
+                here.to_string(),
+                "must be the last processor: it hands records to the outputs",
+            );
+        }
+        if route.routes.is_empty() {
+            issue(format!("{here}.routes"), "needs at least one route");
+        }
+        let mut targets: Vec<(String, &String)> = Vec::new();
+        for (r, rule) in route.routes.iter().enumerate() {
+            for (t, name) in rule.to.iter().enumerate() {
+                targets.push((format!("{here}.routes[{r}].to[{t}]"), name));
+            }
+        }
+        for (t, name) in route.default.iter().enumerate() {
+            targets.push((format!("{here}.default[{t}]"), name));
+        }
+        for (path, name) in targets {
+            if self.outputs.iter().any(|o| o.name() == name) {
+                routed.insert(name);
+            } else {
+                let known: Vec<&str> = self.outputs.iter().map(Output::name).collect();
+                issue(
+                    path,
+                    &format!("no output is named `{name}` (outputs: {known:?})"),
+                );
+            }
+        }
+        for (r, rule) in route.routes.iter().enumerate() {
+            if rule.to.is_empty() {
+                issue(
+                    format!("{here}.routes[{r}].to"),
+                    "names no output (drop records with `filter` instead)",
+                );
+            }
+        }
+    }
+
+    /// How many `route` processors there are (`routes`), and that every output is `routed`
+    /// when there is one.
+    fn validate_routing(
+        &self,
+        routes: usize,
+        routed: &BTreeSet<&str>,
+        issue: &mut dyn FnMut(String, &str),
+    ) {
         if routes > 1 {
             issue(
                 "pipeline".into(),
@@ -658,8 +703,10 @@ impl Topology {
             .unwrap_or_else(|| format!("onceflow.{}", self.name))
     }
 
-    /// The output topic names, in the order of `outputs` (the pipeline's output indexes);
-    /// empty for an output that is not a Kafka topic (`postgres`).
+    /// The output topic names, for display: one per output, in the order of `outputs` (the
+    /// pipeline's output indexes), empty for an output that is not a Kafka topic
+    /// (`postgres`). Code that acts on outputs reads [`Output::target`], or
+    /// [`Topology::kafka_output_topics`] for the topics alone.
     pub fn output_topics(&self) -> Vec<&str> {
         self.outputs
             .iter()
@@ -667,9 +714,68 @@ impl Topology {
             .collect()
     }
 
+    /// The topics of the outputs that are Kafka topics, in the order of `outputs`.
+    pub fn kafka_output_topics(&self) -> Vec<&str> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o.target() {
+                Some(Target::Topic(topic)) => Some(topic),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The input topic names.
     pub fn input_topics(&self) -> Vec<&str> {
         self.inputs.iter().map(|i| i.topic.as_str()).collect()
+    }
+}
+
+/// Checks of processor `p` (any but `route`, see [`Topology::validate_pipeline`]), found at
+/// `here`.
+fn validate_processor(here: &str, p: &Processor, issue: &mut dyn FnMut(String, &str)) {
+    match p {
+        Processor::SetHeader(h) => {
+            if h.value.is_some() == h.expr.is_some() {
+                issue(here.to_string(), "needs exactly one of `value` and `expr`");
+            }
+            if h.name.is_empty() {
+                issue(format!("{here}.name"), "must not be empty");
+            }
+        }
+        Processor::DropFields(fields) => {
+            for (f, field) in fields.iter().enumerate() {
+                if !is_field_path(field) {
+                    issue(format!("{here}[{f}]"), FIELD_PATH_RULE);
+                }
+            }
+        }
+        Processor::Rename(map) => {
+            for (from, to) in map {
+                if !is_field_path(from) || !is_field_path(to) {
+                    issue(format!("{here}.{from}"), FIELD_PATH_RULE);
+                }
+            }
+        }
+        Processor::Map(map) => {
+            for field in map.keys() {
+                if !is_field_path(field) {
+                    issue(format!("{here}.{field}"), FIELD_PATH_RULE);
+                }
+            }
+        }
+        Processor::Explode(e) => {
+            if !is_field_path(&e.field) {
+                issue(format!("{here}.field"), FIELD_PATH_RULE);
+            }
+            if e.into.as_deref().is_some_and(|f| !is_field_path(f)) {
+                issue(format!("{here}.as"), FIELD_PATH_RULE);
+            }
+        }
+        Processor::Route(_)
+        | Processor::Filter(_)
+        | Processor::SetKey(_)
+        | Processor::DropEmpty {} => {}
     }
 }
 
@@ -868,6 +974,25 @@ mod postgres_tests {
         let t = Topology::parse(&text, "t.yaml").unwrap();
         assert_eq!(t.output_topics(), vec!["out", ""]);
         assert_eq!(t.postgres_outputs().count(), 1);
+    }
+
+    #[test]
+    fn each_output_has_one_target_and_only_topics_are_kafka_outputs() {
+        let text = PG.replace(
+            "outputs:\n",
+            "pipeline:\n  - route: {routes: [{when: 'true', to: [out, orders_db]}], default: [out]}\noutputs:\n  - topic: out\n",
+        );
+        let t = Topology::parse(&text, "t.yaml").unwrap();
+        assert!(matches!(t.outputs[0].target(), Some(Target::Topic("out"))));
+        assert!(
+            matches!(t.outputs[1].target(), Some(Target::Postgres(pg)) if pg.table == "sales.orders")
+        );
+        assert_eq!(t.kafka_output_topics(), vec!["out"]);
+
+        let both = "name: t\ninputs: [{topic: in}]\noutputs:\n  - topic: a\n    postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}\n  - {}\n";
+        let t = Topology::parse_unchecked(both).unwrap();
+        assert!(t.outputs.iter().all(|o| o.target().is_none()));
+        assert!(t.kafka_output_topics().is_empty());
     }
 
     #[test]

@@ -93,6 +93,17 @@ impl PostgresOutput {
                 message,
             })
         };
+        self.validate_names(&mut issue);
+        self.validate_columns(&mut issue);
+        self.validate_id_columns(&mut issue);
+        self.validate_version_column(&mut issue);
+        self.validate_increment_columns(&mut issue);
+        self.validate_record_fields(&mut issue);
+        self.validate_limits(&mut issue);
+    }
+
+    /// The connection's variable and the tables' names.
+    fn validate_names(&self, issue: &mut dyn FnMut(&str, String)) {
         if !is_env_name(&self.url_env) {
             issue(
                 "url_env",
@@ -111,6 +122,10 @@ impl PostgresOutput {
                 "must be `table` or `schema.table` (no quotes, no spaces)".into(),
             );
         }
+    }
+
+    /// The mapping of columns to fields.
+    fn validate_columns(&self, issue: &mut dyn FnMut(&str, String)) {
         if self.columns.is_empty() {
             issue("columns", "map at least the id columns to fields".into());
         }
@@ -131,6 +146,10 @@ impl PostgresOutput {
                 );
             }
         }
+    }
+
+    /// The columns that identify a row.
+    fn validate_id_columns(&self, issue: &mut dyn FnMut(&str, String)) {
         if self.id_columns.is_empty() {
             issue("id_columns", "at least one id column is needed".into());
         }
@@ -148,6 +167,10 @@ impl PostgresOutput {
                 );
             }
         }
+    }
+
+    /// The version column.
+    fn validate_version_column(&self, issue: &mut dyn FnMut(&str, String)) {
         if let Some(version) = &self.version_column {
             if !self.columns.contains_key(version) {
                 issue(
@@ -159,6 +182,10 @@ impl PostgresOutput {
                 issue("version_column", "must not be one of the id columns".into());
             }
         }
+    }
+
+    /// The counters, and what they cannot be combined with.
+    fn validate_increment_columns(&self, issue: &mut dyn FnMut(&str, String)) {
         for (i, column) in self.increment_columns.iter().enumerate() {
             let at = format!("increment_columns[{i}]");
             if !self.columns.contains_key(column) {
@@ -183,6 +210,10 @@ impl PostgresOutput {
                 );
             }
         }
+    }
+
+    /// The fields read of a record besides the columns: the deletion mark and the event id.
+    fn validate_record_fields(&self, issue: &mut dyn FnMut(&str, String)) {
         if self.delete_when.as_deref().is_some_and(str::is_empty) {
             issue("delete_when", "must be a field path".into());
         }
@@ -195,6 +226,10 @@ impl PostgresOutput {
             }
             _ => {}
         }
+    }
+
+    /// The batch size and the inbox's retention and cleanup.
+    fn validate_limits(&self, issue: &mut dyn FnMut(&str, String)) {
         if self.batch_size == 0 {
             issue("batch_size", "must be at least 1".into());
         }

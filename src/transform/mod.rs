@@ -17,7 +17,9 @@ use crate::codec::json::{Doc, type_name};
 use crate::codec::{Decoder, Encoder, Value};
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 
-use crate::topology::{ConfigIssue, HeaderPolicy, Processor, RouteMode, SetHeaderConfig, Topology};
+use crate::topology::{
+    ConfigIssue, HeaderPolicy, Processor, RouteConfig, RouteMode, SetHeaderConfig, Topology,
+};
 use expr::{Expression, Needs, Scope, ValueRef};
 
 /// A record while it goes through the pipeline.
@@ -127,122 +129,21 @@ impl Pipeline {
     /// Compiles every expression of `topology` and resolves route targets to output indexes.
     /// Returns every problem at once, each with its field path.
     pub fn compile(topology: &Topology) -> Result<Pipeline, Vec<ConfigIssue>> {
-        let mut issues = Vec::new();
-        let mut compile = |path: String, source: &str| -> Option<Expression> {
-            Expression::compile(source)
-                .map_err(|message| issues.push(ConfigIssue { path, message }))
-                .ok()
-        };
-        let output_index: HashMap<&str, usize> = topology
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(i, o)| (o.name(), i))
-            .collect();
+        let mut compiler = Compiler::new(topology);
         let mut steps = Vec::new();
         let mut route = None;
-        let mut unknown_outputs = Vec::new();
         for (i, p) in topology.pipeline.iter().enumerate() {
             let here = format!("pipeline[{i}].{}", p.kind());
-            let step = match p {
-                Processor::Filter(src) => compile(here, src).map(Step::Filter),
-                Processor::Map(fields) => {
-                    let compiled: Vec<_> = fields
-                        .iter()
-                        .map(|(f, src)| compile(format!("{here}.{f}"), src).map(|e| (split(f), e)))
-                        .collect();
-                    compiled
-                        .into_iter()
-                        .collect::<Option<Vec<_>>>()
-                        .map(Step::Map)
+            if let Processor::Route(r) = p {
+                if let Some(compiled) = compiler.route(&here, i, r) {
+                    route = Some(compiled);
                 }
-                Processor::DropFields(fields) => {
-                    Some(Step::DropFields(fields.iter().map(|f| split(f)).collect()))
-                }
-                Processor::Rename(map) => Some(Step::Rename(
-                    map.iter().map(|(a, b)| (split(a), split(b))).collect(),
-                )),
-                Processor::SetKey(src) => compile(here, src).map(Step::SetKey),
-                Processor::Explode(e) => Some(Step::Explode {
-                    field: split(&e.field),
-                    into: split(e.into.as_deref().unwrap_or(&e.field)),
-                }),
-                Processor::SetHeader(SetHeaderConfig { name, value, expr }) => {
-                    let value = match (value, expr) {
-                        (_, Some(src)) => {
-                            compile(format!("{here}.expr"), src).map(HeaderValue::Computed)
-                        }
-                        (Some(v), None) => Some(HeaderValue::Fixed(v.as_bytes().to_vec())),
-                        (None, None) => None,
-                    };
-                    value.map(|value| Step::SetHeader {
-                        name: name.clone(),
-                        value,
-                    })
-                }
-                Processor::DropEmpty {} => Some(Step::DropEmpty),
-                Processor::Route(r) => {
-                    let mut resolve = |path: String, names: &[String]| -> Vec<usize> {
-                        names
-                            .iter()
-                            .enumerate()
-                            .filter_map(|(t, n)| {
-                                let found = output_index.get(n.as_str()).copied();
-                                if found.is_none() {
-                                    unknown_outputs.push(ConfigIssue {
-                                        path: format!("{path}[{t}]"),
-                                        message: format!("no output is named `{n}`"),
-                                    });
-                                }
-                                found
-                            })
-                            .collect()
-                    };
-                    let default = resolve(format!("{here}.default"), &r.default);
-                    let targets: Vec<Vec<usize>> = r
-                        .routes
-                        .iter()
-                        .enumerate()
-                        .map(|(n, rule)| resolve(format!("{here}.routes[{n}].to"), &rule.to))
-                        .collect();
-                    let rules: Vec<Option<(Expression, Vec<usize>)>> = r
-                        .routes
-                        .iter()
-                        .zip(targets)
-                        .enumerate()
-                        .map(|(n, (rule, to))| {
-                            compile(format!("{here}.routes[{n}].when"), &rule.when).map(|e| (e, to))
-                        })
-                        .collect();
-                    if let Some(rules) = rules.into_iter().collect::<Option<Vec<_>>>() {
-                        route = Some(Route {
-                            rules,
-                            default,
-                            mode: r.mode,
-                            index: i,
-                        });
-                    }
-                    continue;
-                }
-            };
-            if let Some(step) = step {
+            } else if let Some(step) = compiler.step(here, p) {
                 steps.push((step, p.kind()));
             }
         }
-        let mut outputs = Vec::new();
-        for (i, o) in topology.outputs.iter().enumerate() {
-            let key = o
-                .key
-                .as_deref()
-                .and_then(|src| compile(format!("outputs[{i}].key"), src));
-            outputs.push(OutputSpec {
-                name: o.name().to_string(),
-                encoder: crate::codec::encoder(topology.output_codec(i)),
-                key,
-                headers: o.headers,
-            });
-        }
-        issues.extend(unknown_outputs);
+        let outputs = compiler.outputs(topology);
+        let issues = compiler.into_issues();
         if issues.is_empty() {
             Ok(Pipeline {
                 decoders: topology
@@ -310,135 +211,95 @@ impl Pipeline {
                 stage: Stage::Processor { index, name },
                 message,
             };
-            let eval_json = |e: &Expression, work: &mut Work<'_>| {
-                work.prepare(e);
-                e.eval_json(&work.scope())
-                    .map_err(|(kind, message)| fail(kind, message))
-            };
-            let eval_bytes = |e: &Expression, work: &mut Work<'_>| {
-                work.prepare(e);
-                e.eval_bytes(&work.scope())
-                    .map_err(|(kind, message)| fail(kind, message))
-            };
             match step {
                 Step::Filter(e) => {
-                    work.prepare(e);
-                    match e.eval_bool(&work.scope()) {
-                        Ok(Some(true)) => {}
-                        Ok(Some(false)) => return Ok(()),
-                        Ok(None) => {
-                            return Err(fail(
-                                ErrorKind::WrongType,
-                                format!("`{}` did not give a bool", e.source()),
-                            ));
-                        }
-                        Err(err) => {
-                            let (kind, message) = e.failure(err);
-                            return Err(fail(kind, message));
-                        }
+                    if !filter(e, &mut work, &fail)? {
+                        return Ok(());
                     }
                 }
-                Step::Map(fields) => {
-                    let mut values = Vec::with_capacity(fields.len());
-                    for (_, e) in fields {
-                        values.push(eval_json(e, &mut work)?);
-                    }
-                    let doc = json_mut(&mut work, &fail)?;
-                    for ((path, _), v) in fields.iter().zip(values) {
-                        doc.set(path, v)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    }
-                }
-                Step::DropFields(paths) => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    for path in paths {
-                        doc.remove(path)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    }
-                }
-                Step::Rename(moves) => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    for (from, to) in moves {
-                        if let Some(v) =
-                            doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))?
-                        {
-                            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
-                        }
-                    }
-                }
+                Step::Map(fields) => map(fields, &mut work, &fail)?,
+                Step::DropFields(paths) => drop_fields(paths, &mut work, &fail)?,
+                Step::Rename(moves) => rename(moves, &mut work, &fail)?,
                 Step::SetKey(e) => {
-                    work.key = eval_bytes(e, &mut work)?;
+                    work.key = eval_bytes(e, &mut work, &fail)?;
                 }
                 Step::SetHeader {
                     name: header,
                     value,
-                } => {
-                    let bytes = match value {
-                        HeaderValue::Fixed(b) => b.clone(),
-                        HeaderValue::Computed(e) => eval_bytes(e, &mut work)?.unwrap_or_default(),
-                    };
-                    work.headers.retain(|(n, _)| n != header);
-                    work.headers.push((header.clone(), bytes));
-                }
+                } => set_header(header, value, &mut work, &fail)?,
                 Step::DropEmpty => {
                     if work.body.is_empty() {
                         return Ok(());
                     }
                 }
                 Step::Explode { field, into } => {
-                    let doc = json_mut(&mut work, &fail)?;
-                    let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
-                    let items = match taken {
-                        Some(Json::Array(items)) => items,
-                        Some(other) => {
-                            return Err(fail(
-                                ErrorKind::WrongType,
-                                format!(
-                                    "`{}` is {}, not an array",
-                                    field.join("."),
-                                    type_name(&other)
-                                ),
-                            ));
-                        }
-                        None => {
-                            return Err(fail(
-                                ErrorKind::MissingField,
-                                format!("no field `{}`", field.join(".")),
-                            ));
-                        }
-                    };
-                    let count = items.len();
-                    for (n, item) in items.into_iter().enumerate() {
-                        // The last element takes the record itself; the others a copy.
-                        let mut each = if n + 1 == count {
-                            std::mem::replace(
-                                &mut work,
-                                Work {
-                                    value_len: 0,
-                                    key: None,
-                                    body: Value::Json(None),
-                                    headers: Vec::new(),
-                                    timestamp: None,
-                                    origin: Origin {
-                                        topic: String::new(),
-                                        partition: 0,
-                                        offset: 0,
-                                    },
-                                },
-                            )
-                        } else {
-                            work.clone()
-                        };
-                        let doc = json_mut(&mut each, &fail)?;
-                        doc.set(into, item)
-                            .map_err(|m| fail(ErrorKind::WrongType, m))?;
-                        self.run(index + 1, each, out)?;
-                    }
-                    return Ok(());
+                    return self.explode(index, field, into, work, out, &fail);
                 }
             }
         }
         self.emit(work, out)
+    }
+
+    /// Runs the steps after `index` once per element of the array at `field`, each copy of
+    /// `work` holding its element at `into`.
+    fn explode(
+        &self,
+        index: usize,
+        field: &FieldPath,
+        into: &FieldPath,
+        mut work: Work<'_>,
+        out: &mut Vec<(usize, Record)>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<(), RecordError> {
+        let doc = json_mut(&mut work, fail)?;
+        let taken = doc.take(field).map_err(|m| fail(ErrorKind::WrongType, m))?;
+        let items = match taken {
+            Some(Json::Array(items)) => items,
+            Some(other) => {
+                return Err(fail(
+                    ErrorKind::WrongType,
+                    format!(
+                        "`{}` is {}, not an array",
+                        field.join("."),
+                        type_name(&other)
+                    ),
+                ));
+            }
+            None => {
+                return Err(fail(
+                    ErrorKind::MissingField,
+                    format!("no field `{}`", field.join(".")),
+                ));
+            }
+        };
+        let count = items.len();
+        for (n, item) in items.into_iter().enumerate() {
+            // The last element takes the record itself; the others a copy.
+            let mut each = if n + 1 == count {
+                std::mem::replace(
+                    &mut work,
+                    Work {
+                        value_len: 0,
+                        key: None,
+                        body: Value::Json(None),
+                        headers: Vec::new(),
+                        timestamp: None,
+                        origin: Origin {
+                            topic: String::new(),
+                            partition: 0,
+                            offset: 0,
+                        },
+                    },
+                )
+            } else {
+                work.clone()
+            };
+            let doc = json_mut(&mut each, fail)?;
+            doc.set(into, item)
+                .map_err(|m| fail(ErrorKind::WrongType, m))?;
+            self.run(index + 1, each, out)?;
+        }
+        Ok(())
     }
 
     /// Hands a record that went through every step to its outputs, encoded.
@@ -543,6 +404,263 @@ impl Pipeline {
         ));
         Ok(())
     }
+}
+
+/// What [`Pipeline::compile`] keeps while it goes through a topology.
+struct Compiler<'t> {
+    /// Output names to output indexes.
+    output_index: HashMap<&'t str, usize>,
+    /// Problems of expressions, in the order found.
+    issues: Vec<ConfigIssue>,
+    /// Route targets that name no output, reported after the problems of expressions.
+    unknown_outputs: Vec<ConfigIssue>,
+}
+
+impl<'t> Compiler<'t> {
+    fn new(topology: &'t Topology) -> Self {
+        Compiler {
+            output_index: topology
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (o.name(), i))
+                .collect(),
+            issues: Vec::new(),
+            unknown_outputs: Vec::new(),
+        }
+    }
+
+    /// Compiles `source`, found at `path`; `None` (and a problem) when it does not compile.
+    fn expression(&mut self, path: String, source: &str) -> Option<Expression> {
+        Expression::compile(source)
+            .map_err(|message| self.issues.push(ConfigIssue { path, message }))
+            .ok()
+    }
+
+    /// Compiles processor `p` (any but `route`, see [`Compiler::route`]), found at `here`.
+    fn step(&mut self, here: String, p: &Processor) -> Option<Step> {
+        match p {
+            Processor::Filter(src) => self.expression(here, src).map(Step::Filter),
+            Processor::Map(fields) => {
+                let compiled: Vec<_> = fields
+                    .iter()
+                    .map(|(f, src)| {
+                        self.expression(format!("{here}.{f}"), src)
+                            .map(|e| (split(f), e))
+                    })
+                    .collect();
+                compiled
+                    .into_iter()
+                    .collect::<Option<Vec<_>>>()
+                    .map(Step::Map)
+            }
+            Processor::DropFields(fields) => {
+                Some(Step::DropFields(fields.iter().map(|f| split(f)).collect()))
+            }
+            Processor::Rename(map) => Some(Step::Rename(
+                map.iter().map(|(a, b)| (split(a), split(b))).collect(),
+            )),
+            Processor::SetKey(src) => self.expression(here, src).map(Step::SetKey),
+            Processor::Explode(e) => Some(Step::Explode {
+                field: split(&e.field),
+                into: split(e.into.as_deref().unwrap_or(&e.field)),
+            }),
+            Processor::SetHeader(SetHeaderConfig { name, value, expr }) => {
+                let value = match (value, expr) {
+                    (_, Some(src)) => self
+                        .expression(format!("{here}.expr"), src)
+                        .map(HeaderValue::Computed),
+                    (Some(v), None) => Some(HeaderValue::Fixed(v.as_bytes().to_vec())),
+                    (None, None) => None,
+                };
+                value.map(|value| Step::SetHeader {
+                    name: name.clone(),
+                    value,
+                })
+            }
+            Processor::DropEmpty {} => Some(Step::DropEmpty),
+            Processor::Route(_) => None,
+        }
+    }
+
+    /// Compiles the `route` processor `r`, found at `here`, the `index`th of the pipeline.
+    fn route(&mut self, here: &str, index: usize, r: &RouteConfig) -> Option<Route> {
+        let default = self.targets(format!("{here}.default"), &r.default);
+        let targets: Vec<Vec<usize>> = r
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(n, rule)| self.targets(format!("{here}.routes[{n}].to"), &rule.to))
+            .collect();
+        let rules: Vec<Option<(Expression, Vec<usize>)>> = r
+            .routes
+            .iter()
+            .zip(targets)
+            .enumerate()
+            .map(|(n, (rule, to))| {
+                self.expression(format!("{here}.routes[{n}].when"), &rule.when)
+                    .map(|e| (e, to))
+            })
+            .collect();
+        let rules = rules.into_iter().collect::<Option<Vec<_>>>()?;
+        Some(Route {
+            rules,
+            default,
+            mode: r.mode,
+            index,
+        })
+    }
+
+    /// The indexes of the outputs `names`, found at `path`; the names of no output are left
+    /// out (and reported).
+    fn targets(&mut self, path: String, names: &[String]) -> Vec<usize> {
+        names
+            .iter()
+            .enumerate()
+            .filter_map(|(t, n)| {
+                let found = self.output_index.get(n.as_str()).copied();
+                if found.is_none() {
+                    self.unknown_outputs.push(ConfigIssue {
+                        path: format!("{path}[{t}]"),
+                        message: format!("no output is named `{n}`"),
+                    });
+                }
+                found
+            })
+            .collect()
+    }
+
+    /// The outputs of `topology`: their encoders and compiled keys.
+    fn outputs(&mut self, topology: &Topology) -> Vec<OutputSpec> {
+        let mut outputs = Vec::new();
+        for (i, o) in topology.outputs.iter().enumerate() {
+            let key = o
+                .key
+                .as_deref()
+                .and_then(|src| self.expression(format!("outputs[{i}].key"), src));
+            outputs.push(OutputSpec {
+                name: o.name().to_string(),
+                encoder: crate::codec::encoder(topology.output_codec(i)),
+                key,
+                headers: o.headers,
+            });
+        }
+        outputs
+    }
+
+    /// Every problem found, in the order reported.
+    fn into_issues(self) -> Vec<ConfigIssue> {
+        let mut issues = self.issues;
+        issues.extend(self.unknown_outputs);
+        issues
+    }
+}
+
+// --- The steps, each on the record at hand; `fail` locates their errors -------------------
+
+/// Whether `work` passes the filter `e`.
+fn filter(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<bool, RecordError> {
+    work.prepare(e);
+    match e.eval_bool(&work.scope()) {
+        Ok(Some(keep)) => Ok(keep),
+        Ok(None) => Err(fail(
+            ErrorKind::WrongType,
+            format!("`{}` did not give a bool", e.source()),
+        )),
+        Err(err) => {
+            let (kind, message) = e.failure(err);
+            Err(fail(kind, message))
+        }
+    }
+}
+
+/// Sets every field of `fields` to its expression's value, all evaluated first.
+fn map(
+    fields: &[(FieldPath, Expression)],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let mut values = Vec::with_capacity(fields.len());
+    for (_, e) in fields {
+        values.push(eval_json(e, work, fail)?);
+    }
+    let doc = json_mut(work, fail)?;
+    for ((path, _), v) in fields.iter().zip(values) {
+        doc.set(path, v)
+            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+    }
+    Ok(())
+}
+
+/// Removes every field of `paths`.
+fn drop_fields(
+    paths: &[FieldPath],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let doc = json_mut(work, fail)?;
+    for path in paths {
+        doc.remove(path)
+            .map_err(|m| fail(ErrorKind::WrongType, m))?;
+    }
+    Ok(())
+}
+
+/// Moves every field of `moves` from its first path to its second.
+fn rename(
+    moves: &[(FieldPath, FieldPath)],
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let doc = json_mut(work, fail)?;
+    for (from, to) in moves {
+        if let Some(v) = doc.take(from).map_err(|m| fail(ErrorKind::WrongType, m))? {
+            doc.set(to, v).map_err(|m| fail(ErrorKind::WrongType, m))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the headers named `header` by one of `value`.
+fn set_header(
+    header: &str,
+    value: &HeaderValue,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<(), RecordError> {
+    let bytes = match value {
+        HeaderValue::Fixed(b) => b.clone(),
+        HeaderValue::Computed(e) => eval_bytes(e, work, fail)?.unwrap_or_default(),
+    };
+    work.headers.retain(|(n, _)| n != header);
+    work.headers.push((header.to_string(), bytes));
+    Ok(())
+}
+
+/// The value of `e` on `work`, as JSON.
+fn eval_json(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Json, RecordError> {
+    work.prepare(e);
+    e.eval_json(&work.scope())
+        .map_err(|(kind, message)| fail(kind, message))
+}
+
+/// The value of `e` on `work`, as bytes (`None` for null).
+fn eval_bytes(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Option<Vec<u8>>, RecordError> {
+    work.prepare(e);
+    e.eval_bytes(&work.scope())
+        .map_err(|(kind, message)| fail(kind, message))
 }
 
 /// The JSON document of `work`, for a processor that changes it.

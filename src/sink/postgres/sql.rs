@@ -139,109 +139,188 @@ pub fn apply_batch(
     types: &[(String, String)],
     optimistic: bool,
 ) -> String {
-    let type_of = |column: &str| {
-        types
+    let statement = Statement::new(config, target, types);
+    let mut sql = String::new();
+    statement.batch(&mut sql);
+    let fresh_rows = statement.fresh(&mut sql, optimistic);
+    let source = statement.once(&mut sql, fresh_rows);
+    statement.latest(&mut sql, source);
+    if statement.deletes {
+        statement.deleted(&mut sql);
+    }
+    if let Some(v) = statement.marked_version() {
+        statement.marked(&mut sql, v);
+    }
+    statement.upserted(&mut sql);
+    statement.counts(&mut sql);
+    sql
+}
+
+/// What the parts of [`apply_batch`]'s statement share: the configuration's names, quoted.
+struct Statement<'c> {
+    config: &'c PostgresOutput,
+    types: &'c [(String, String)],
+    /// The target table.
+    table: String,
+    /// The id columns.
+    ids: Vec<String>,
+    /// The version column.
+    version: Option<String>,
+    deletes: bool,
+    /// Whether deletions leave markers: when they are versioned.
+    markers: bool,
+    counters: bool,
+    /// The tombstones table.
+    tombstones: String,
+    /// The mapped columns, unquoted, in the order of their parameters.
+    columns: Vec<&'c String>,
+    consumer_param: String,
+    target_param: String,
+}
+
+impl<'c> Statement<'c> {
+    fn new(config: &'c PostgresOutput, target: &str, types: &'c [(String, String)]) -> Self {
+        let version = config.version_column.as_deref().map(ident);
+        let deletes = config.delete_when.is_some();
+        let columns: Vec<&String> = config.columns.keys().collect();
+        Statement {
+            config,
+            types,
+            table: qualified(target),
+            ids: config.id_columns.iter().map(|c| ident(c)).collect(),
+            markers: deletes && version.is_some(),
+            version,
+            deletes,
+            counters: !config.increment_columns.is_empty(),
+            tombstones: qualified(&tombstones_table(&config.inbox_table)),
+            consumer_param: format!("${}", 3 + columns.len()),
+            target_param: format!("${}", 4 + columns.len()),
+            columns,
+        }
+    }
+
+    /// The table's type of a mapped column.
+    fn type_of(&self, column: &str) -> &str {
+        self.types
             .iter()
             .find(|(c, _)| c == column)
             .map_or("text", |(_, t)| t.as_str())
-    };
-    let table = qualified(target);
-    let ids: Vec<String> = config.id_columns.iter().map(|c| ident(c)).collect();
-    let ids_list = ids.join(", ");
-    let version = config.version_column.as_deref().map(ident);
-    let deletes = config.delete_when.is_some();
-    let markers = deletes && version.is_some();
-    let counters = !config.increment_columns.is_empty();
-    let tombstones = qualified(&tombstones_table(&config.inbox_table));
-    let id_key = |alias: &str| {
-        let parts: Vec<String> = ids.iter().map(|c| format!("{alias}.{c}")).collect();
-        format!("jsonb_build_array({})::text", parts.join(", "))
-    };
-    let columns: Vec<&String> = config.columns.keys().collect();
-    let consumer_param = format!("${}", 3 + columns.len());
-    let target_param = format!("${}", 4 + columns.len());
-
-    let mut arrays = vec!["$1::text[]".to_string(), "$2::boolean[]".to_string()];
-    let mut names = vec!["\"$mid\"".to_string(), "\"$del\"".to_string()];
-    let mut typed = vec![
-        "r.\"$seq\"".to_string(),
-        "r.\"$mid\" COLLATE \"C\" AS \"$mid\"".to_string(),
-        "r.\"$del\"".to_string(),
-    ];
-    for (i, c) in columns.iter().enumerate() {
-        let q = ident(c);
-        arrays.push(format!("${}::text[]", 3 + i));
-        typed.push(format!("r.{q}::{} AS {q}", type_of(c)));
-        names.push(q);
     }
-    names.push("\"$seq\"".to_string());
-    let mut sql = format!(
-        "WITH batch AS (\n  SELECT {}\n  FROM unnest({}) WITH ORDINALITY AS r({})\n),\n",
-        typed.join(", "),
-        arrays.join(", "),
-        names.join(", "),
-    );
-    let _ = write!(
-        sql,
-        "fresh AS (\n  INSERT INTO {inbox} AS i (consumer, message_id)\n  \
-         SELECT {consumer_param}::text, \"$mid\" FROM batch\n  {on_conflict}RETURNING i.message_id\n),\n",
-        inbox = qualified(&config.inbox_table),
-        on_conflict = if optimistic {
-            ""
-        } else {
-            "ON CONFLICT (consumer, message_id) DO NOTHING\n  "
-        },
-    );
-    let fresh_rows = if optimistic {
-        "batch b"
-    } else {
-        "batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
-    };
 
-    // The fresh rows. Counters take each message once per id, even if it came twice in the
-    // batch (the same event id on two offsets).
-    let source = if counters {
+    /// The version column's type, for comparing stored markers.
+    fn version_type(&self) -> &str {
+        self.type_of(self.config.version_column.as_deref().unwrap_or(""))
+    }
+
+    /// The ids of row `alias` as one text, the key of its deletion marker.
+    fn id_key(&self, alias: &str) -> String {
+        let parts: Vec<String> = self.ids.iter().map(|c| format!("{alias}.{c}")).collect();
+        format!("jsonb_build_array({})::text", parts.join(", "))
+    }
+
+    /// The version column, when deletions leave markers.
+    fn marked_version(&self) -> Option<&str> {
+        self.version.as_deref().filter(|_| self.markers)
+    }
+
+    /// `batch`: the parameters unnested, cast to the table's column types.
+    fn batch(&self, sql: &mut String) {
+        let mut arrays = vec!["$1::text[]".to_string(), "$2::boolean[]".to_string()];
+        let mut names = vec!["\"$mid\"".to_string(), "\"$del\"".to_string()];
+        let mut typed = vec![
+            "r.\"$seq\"".to_string(),
+            "r.\"$mid\" COLLATE \"C\" AS \"$mid\"".to_string(),
+            "r.\"$del\"".to_string(),
+        ];
+        for (i, c) in self.columns.iter().enumerate() {
+            let q = ident(c);
+            arrays.push(format!("${}::text[]", 3 + i));
+            typed.push(format!("r.{q}::{} AS {q}", self.type_of(c)));
+            names.push(q);
+        }
+        names.push("\"$seq\"".to_string());
+        let _ = write!(
+            sql,
+            "WITH batch AS (\n  SELECT {}\n  FROM unnest({}) WITH ORDINALITY AS r({})\n),\n",
+            typed.join(", "),
+            arrays.join(", "),
+            names.join(", "),
+        );
+    }
+
+    /// `fresh`: the messages inserted into the inbox. Returns the rows of the batch taken as
+    /// fresh: all of them in the optimistic form, those of the inserted messages otherwise.
+    fn fresh(&self, sql: &mut String, optimistic: bool) -> &'static str {
+        let _ = write!(
+            sql,
+            "fresh AS (\n  INSERT INTO {inbox} AS i (consumer, message_id)\n  \
+             SELECT {consumer_param}::text, \"$mid\" FROM batch\n  {on_conflict}RETURNING i.message_id\n),\n",
+            inbox = qualified(&self.config.inbox_table),
+            consumer_param = self.consumer_param,
+            on_conflict = if optimistic {
+                ""
+            } else {
+                "ON CONFLICT (consumer, message_id) DO NOTHING\n  "
+            },
+        );
+        if optimistic {
+            "batch b"
+        } else {
+            "batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
+        }
+    }
+
+    /// `once`, for counters: each message once per id, even if it came twice in the batch
+    /// (the same event id on two offsets). Returns the rows `latest` reads.
+    fn once(&self, sql: &mut String, fresh_rows: &'static str) -> &'static str {
+        if !self.counters {
+            return fresh_rows;
+        }
         let _ = write!(
             sql,
             "once AS (\n  SELECT DISTINCT ON (b.\"$mid\", {ids}) b.*\n  \
              FROM {fresh_rows}\n  \
              ORDER BY b.\"$mid\", {ids}, b.\"$seq\"\n),\n",
-            ids = prefixed("b", &ids),
+            ids = prefixed("b", &self.ids),
         );
         "once b"
-    } else {
-        fresh_rows
-    };
+    }
 
-    // One row per id: the newest version, or the last in the batch; counters summed.
-    let sums: String = config
-        .increment_columns
-        .iter()
-        .map(|c| {
-            format!(
-                ", sum(b.{col}) OVER (PARTITION BY {part}) AS {alias}",
-                col = ident(c),
-                part = prefixed("b", &ids),
-                alias = ident(&format!("$sum_{c}")),
-            )
-        })
-        .collect();
-    let order = match &version {
-        Some(v) => format!(
-            "{}, b.{v} DESC NULLS LAST, b.\"$seq\" DESC",
-            prefixed("b", &ids)
-        ),
-        None => format!("{}, b.\"$seq\" DESC", prefixed("b", &ids)),
-    };
-    let _ = write!(
-        sql,
-        "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  FROM {source}\n  ORDER BY {order}\n)",
-        on = prefixed("b", &ids),
-    );
+    /// `latest`: one row per id, the newest version or the last in the batch; counters
+    /// summed.
+    fn latest(&self, sql: &mut String, source: &str) {
+        let sums: String = self
+            .config
+            .increment_columns
+            .iter()
+            .map(|c| {
+                format!(
+                    ", sum(b.{col}) OVER (PARTITION BY {part}) AS {alias}",
+                    col = ident(c),
+                    part = prefixed("b", &self.ids),
+                    alias = ident(&format!("$sum_{c}")),
+                )
+            })
+            .collect();
+        let order = match &self.version {
+            Some(v) => format!(
+                "{}, b.{v} DESC NULLS LAST, b.\"$seq\" DESC",
+                prefixed("b", &self.ids)
+            ),
+            None => format!("{}, b.\"$seq\" DESC", prefixed("b", &self.ids)),
+        };
+        let _ = write!(
+            sql,
+            "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  FROM {source}\n  ORDER BY {order}\n)",
+            on = prefixed("b", &self.ids),
+        );
+    }
 
-    if deletes {
-        let matches: Vec<String> = ids.iter().map(|c| format!("t.{c} = l.{c}")).collect();
-        let newer = version
+    /// `deleted`: the deletions, over an older stored version when versioned.
+    fn deleted(&self, sql: &mut String) {
+        let matches: Vec<String> = self.ids.iter().map(|c| format!("t.{c} = l.{c}")).collect();
+        let newer = self
+            .version
             .as_ref()
             .map(|v| format!(" AND t.{v} < l.{v}"))
             .unwrap_or_default();
@@ -249,88 +328,115 @@ pub fn apply_batch(
             sql,
             ",\ndeleted AS (\n  DELETE FROM {table} AS t USING latest l\n  \
              WHERE l.\"$del\" AND {}{newer}\n  RETURNING 1\n)",
-            matches.join(" AND ")
+            matches.join(" AND "),
+            table = self.table,
         );
     }
-    if let (true, Some(v)) = (markers, &version) {
-        let vtype = type_of(config.version_column.as_deref().unwrap_or(""));
+
+    /// `marked`: the deletions remembered with their version `v`.
+    fn marked(&self, sql: &mut String, v: &str) {
+        let vtype = self.version_type();
         let _ = write!(
             sql,
             ",\nmarked AS (\n  INSERT INTO {tombstones} AS d (target, id_key, version)\n  \
              SELECT {target_param}::text, {key}, l.{v}::text FROM latest l WHERE l.\"$del\"\n  \
              ON CONFLICT (target, id_key) DO UPDATE SET version = EXCLUDED.version, deleted_at = now()\n  \
              WHERE d.version::{vtype} < EXCLUDED.version::{vtype}\n  RETURNING 1\n)",
-            key = id_key("l"),
+            tombstones = self.tombstones,
+            target_param = self.target_param,
+            key = self.id_key("l"),
         );
     }
 
-    // The upsert.
-    let insert_cols: Vec<String> = columns.iter().map(|c| ident(c)).collect();
-    let select_cols: Vec<String> = columns
-        .iter()
-        .map(|c| {
-            if config.increment_columns.contains(c) {
-                format!("l.{}::{}", ident(&format!("$sum_{c}")), type_of(c))
+    /// `upserted`: the rows of `latest` that are no deletion, inserted or updated.
+    fn upserted(&self, sql: &mut String) {
+        let insert_cols: Vec<String> = self.columns.iter().map(|c| ident(c)).collect();
+        let select_cols: Vec<String> = self
+            .columns
+            .iter()
+            .map(|c| {
+                if self.config.increment_columns.contains(c) {
+                    format!("l.{}::{}", ident(&format!("$sum_{c}")), self.type_of(c))
+                } else {
+                    format!("l.{}", ident(c))
+                }
+            })
+            .collect();
+        let filters = self.upsert_filters();
+        let _ = write!(
+            sql,
+            ",\nupserted AS (\n  INSERT INTO {table} AS t ({cols})\n  SELECT {sel} FROM latest l{filter}\n  \
+             ON CONFLICT ({ids_list}) {on_conflict}\n  RETURNING 1\n)\n",
+            table = self.table,
+            cols = insert_cols.join(", "),
+            sel = select_cols.join(", "),
+            filter = if filters.is_empty() {
+                String::new()
             } else {
-                format!("l.{}", ident(c))
-            }
-        })
-        .collect();
-    let mut filters = Vec::new();
-    if deletes {
-        filters.push("NOT l.\"$del\"".to_string());
+                format!(" WHERE {}", filters.join(" AND "))
+            },
+            ids_list = self.ids.join(", "),
+            on_conflict = self.on_conflict(),
+        );
     }
-    if let (true, Some(v)) = (markers, &version) {
-        let vtype = type_of(config.version_column.as_deref().unwrap_or(""));
-        filters.push(format!(
-            "NOT EXISTS (SELECT 1 FROM {tombstones} d WHERE d.target = {target_param}::text \
-             AND d.id_key = {key} AND d.version::{vtype} >= l.{v})",
-            key = id_key("l"),
-        ));
+
+    /// The rows `upserted` skips: deletions, and ids deleted at a newer or equal version.
+    fn upsert_filters(&self) -> Vec<String> {
+        let mut filters = Vec::new();
+        if self.deletes {
+            filters.push("NOT l.\"$del\"".to_string());
+        }
+        if let Some(v) = self.marked_version() {
+            let vtype = self.version_type();
+            filters.push(format!(
+                "NOT EXISTS (SELECT 1 FROM {tombstones} d WHERE d.target = {target_param}::text \
+                 AND d.id_key = {key} AND d.version::{vtype} >= l.{v})",
+                tombstones = self.tombstones,
+                target_param = self.target_param,
+                key = self.id_key("l"),
+            ));
+        }
+        filters
     }
-    let updates: Vec<String> = columns
-        .iter()
-        .filter(|c| !config.id_columns.contains(c))
-        .map(|c| {
-            let q = ident(c);
-            if config.increment_columns.contains(c) {
-                format!("{q} = coalesce(t.{q}, 0) + coalesce(EXCLUDED.{q}, 0)")
-            } else {
-                format!("{q} = EXCLUDED.{q}")
-            }
-        })
-        .collect();
-    let on_conflict = if updates.is_empty() {
-        "DO NOTHING".to_string()
-    } else {
-        let guard = version
+
+    /// What `upserted` does with a stored row: the update, guarded by the version.
+    fn on_conflict(&self) -> String {
+        let updates: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| !self.config.id_columns.contains(c))
+            .map(|c| {
+                let q = ident(c);
+                if self.config.increment_columns.contains(c) {
+                    format!("{q} = coalesce(t.{q}, 0) + coalesce(EXCLUDED.{q}, 0)")
+                } else {
+                    format!("{q} = EXCLUDED.{q}")
+                }
+            })
+            .collect();
+        if updates.is_empty() {
+            return "DO NOTHING".to_string();
+        }
+        let guard = self
+            .version
             .as_ref()
             .map(|v| format!("\n  WHERE t.{v} < EXCLUDED.{v}"))
             .unwrap_or_default();
         format!("DO UPDATE SET {}{guard}", updates.join(", "))
-    };
-    let _ = write!(
-        sql,
-        ",\nupserted AS (\n  INSERT INTO {table} AS t ({cols})\n  SELECT {sel} FROM latest l{filter}\n  \
-         ON CONFLICT ({ids_list}) {on_conflict}\n  RETURNING 1\n)\n",
-        cols = insert_cols.join(", "),
-        sel = select_cols.join(", "),
-        filter = if filters.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", filters.join(" AND "))
-        },
-    );
-    let _ = write!(
-        sql,
-        "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM upserted), {}",
-        if deletes {
-            "(SELECT count(*) FROM deleted)"
-        } else {
-            "0::bigint"
-        }
-    );
-    sql
+    }
+
+    /// The row returned: fresh messages, rows upserted, rows deleted.
+    fn counts(&self, sql: &mut String) {
+        let _ = write!(
+            sql,
+            "SELECT (SELECT count(*) FROM fresh), (SELECT count(*) FROM upserted), {}",
+            if self.deletes {
+                "(SELECT count(*) FROM deleted)"
+            } else {
+                "0::bigint"
+            }
+        );
+    }
 }
 
 fn prefixed(alias: &str, columns: &[String]) -> String {
