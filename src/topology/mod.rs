@@ -13,6 +13,7 @@
 
 pub mod env;
 pub mod lines;
+pub mod parse;
 pub mod processor;
 
 use std::collections::{BTreeMap, BTreeSet};
