@@ -1,4 +1,4 @@
-//! The benchmark's own Kafka clients: topic admin, the preload (which is also the produce-only
+//! The benchmark's own Kafka clients: the preload (which is also the produce-only
 //! ceiling), the consume-only ceiling, the read_committed reader that times every cell, and
 //! the paced probe that measures end-to-end latency.
 
@@ -7,13 +7,10 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode as Code;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
 use super::BenchError;
@@ -26,112 +23,6 @@ const WARM_UP: u8 = b'w';
 
 fn client_error(what: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Kafka(format!("{what}: {e}"))
-}
-
-/// Creates and deletes topics.
-pub struct Admin {
-    client: AdminClient<DefaultClientContext>,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Admin {
-    pub fn new(bootstrap: &str) -> Result<Admin, BenchError> {
-        let client = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()
-            .map_err(|e| client_error("admin client", e))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| BenchError::Io(format!("async runtime: {e}")))?;
-        Ok(Admin { client, runtime })
-    }
-
-    /// Creates a topic and waits for its leaders. A busy broker may time out the request and
-    /// create the topic anyway: the request is tried three times, and "already exists" on a
-    /// later try counts as created.
-    pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let opts = AdminOptions::new()
-            .operation_timeout(Some(Duration::from_secs(60)))
-            .request_timeout(Some(Duration::from_secs(70)));
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let outcome = self
-                .runtime
-                .block_on(self.client.create_topics([&topic], &opts))
-                .map_err(|e| client_error("create topic", e))
-                .and_then(|results| {
-                    for r in results {
-                        match r {
-                            Ok(_) => {}
-                            Err((_, Code::TopicAlreadyExists)) if attempt > 1 => {}
-                            Err((t, e)) => {
-                                return Err(client_error(&format!("create topic {t}"), e));
-                            }
-                        }
-                    }
-                    Ok(())
-                });
-            match outcome {
-                Ok(()) => return self.wait_for_leaders(name, partitions),
-                Err(e) if attempt >= 3 => return Err(e),
-                Err(_) => std::thread::sleep(Duration::from_secs(2)),
-            }
-        }
-    }
-
-    /// Waits until the broker's metadata shows every partition of a new topic with a leader:
-    /// a client that subscribes earlier does not see the topic until its next metadata
-    /// refresh (five minutes by default).
-    fn wait_for_leaders(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = self
-                .client
-                .inner()
-                .fetch_metadata(Some(name), Duration::from_secs(5))
-                .is_ok_and(|m| {
-                    m.topics().iter().any(|t| {
-                        t.name() == name
-                            && t.error().is_none()
-                            && t.partitions().len() == partitions as usize
-                            && t.partitions()
-                                .iter()
-                                .all(|p| p.leader() >= 0 && p.error().is_none())
-                    })
-                });
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(BenchError::Timeout(format!(
-                    "topic {name} has no leader for every partition"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Deletes topics, ignoring those that do not exist.
-    pub fn delete_topics(&self, names: &[&str]) -> Result<(), BenchError> {
-        if names.is_empty() {
-            return Ok(());
-        }
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = self
-            .runtime
-            .block_on(self.client.delete_topics(names, &opts))
-            .map_err(|e| client_error("delete topics", e))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, Code::UnknownTopicOrPartition)) => {}
-                Err((t, e)) => return Err(client_error(&format!("delete topic {t}"), e)),
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Counts failed deliveries.

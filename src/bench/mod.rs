@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::histogram::Histogram;
+use crate::kafka::Cluster;
+use crate::kafka::admin::{Admin, AdminError};
+use kafka::OutputReader;
 pub use kafka::ProducerTuning;
-use kafka::{Admin, OutputReader};
 use procs::Proc;
 
 /// Why the bench could not go on.
@@ -39,6 +41,8 @@ use procs::Proc;
 pub enum BenchError {
     #[error("kafka: {0}")]
     Kafka(String),
+    #[error("kafka: {0}")]
+    Admin(#[from] AdminError),
     #[error("{0}")]
     Io(String),
     #[error("timed out: {0}")]
@@ -342,7 +346,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     };
     let mut broker = Broker::new(cfg)?;
     let bootstrap = broker.bootstrap.as_str();
-    let admin = Admin::new(bootstrap)?;
+    let admin = Admin::new(&Cluster::new(bootstrap))?;
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -382,7 +386,9 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             kstreams_libs: kstreams_libs.as_deref(),
             bar: &bar,
         };
-        let mut input_ready = admin.create_topic(&input, partitions);
+        let mut input_ready = admin
+            .create_topic(&input, partitions)
+            .map_err(BenchError::from);
         let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
         for round in 0..repeat {
             ctx.round = round;
@@ -535,6 +541,7 @@ impl CellCtx<'_> {
                     .admin
                     .create_topic(&output, self.partitions)
                     .and_then(|()| self.admin.create_topic(&probe, 1))
+                    .map_err(BenchError::from)
                     .and_then(|()| self.run_pipeline(result, &output, &probe));
                 if let Err(e) = self.admin.delete_topics(&[&output, &probe]) {
                     self.bar.println(format!("could not delete {output}: {e}"));
