@@ -7,14 +7,15 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext};
 
 use super::BenchError;
 use crate::histogram::Histogram;
+use crate::kafka::{Cluster, read};
 
 /// Key prefix of probe records; bulk records have plain decimal keys.
 const PROBE_PREFIX: u8 = b'p';
@@ -129,27 +130,9 @@ fn value_of(size: usize) -> Vec<u8> {
 }
 
 fn reader(bootstrap: &str, topic: &str, partitions: i32) -> Result<BaseConsumer, BenchError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("onceflow-bench-reader-{}", std::process::id()),
-        )
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| client_error("consumer", e))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .map_err(|e| client_error("assignment", e))?;
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| client_error("assign", e))?;
-    Ok(consumer)
+    let group = format!("onceflow-bench-reader-{}", std::process::id());
+    read::reader_from_beginning(&Cluster::new(bootstrap), &group, topic, partitions)
+        .map_err(|e| client_error("consumer", e))
 }
 
 /// Reads `records` records of `topic` with a read_committed consumer, one `poll` per record
