@@ -7,15 +7,14 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use rdkafka::ClientContext;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientConfig, ClientContext};
 
 use super::BenchError;
 use crate::histogram::Histogram;
-use crate::kafka::{Cluster, read};
+use crate::kafka::{Cluster, read, send};
 
 /// Key prefix of probe records; bulk records have plain decimal keys.
 const PROBE_PREFIX: u8 = b'p';
@@ -53,8 +52,8 @@ pub struct ProducerTuning {
 }
 
 fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Failures>, BenchError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    Cluster::new(bootstrap)
+        .config()
         .set("enable.idempotence", "true")
         .set("linger.ms", tuning.linger_ms.to_string())
         .set("batch.size", tuning.batch_size.to_string())
@@ -62,20 +61,17 @@ fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Fail
         .map_err(|e| client_error("producer", e))
 }
 
-fn send_all<'a>(
+/// How long a send waits for room while the local queue is full (as long as a flush may take).
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(300);
+
+fn send_all(
     producer: &BaseProducer<Failures>,
-    mut record: BaseRecord<'a, [u8], [u8]>,
+    record: BaseRecord<'_, [u8], [u8]>,
 ) -> Result<(), BenchError> {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                producer.poll(Duration::from_millis(1));
-            }
-            Err((e, _)) => return Err(client_error("produce", e)),
-        }
-    }
+    send::send(producer, record, QUEUE_FULL_WAIT, |p| {
+        p.poll(Duration::from_millis(1));
+    })
+    .map_err(|e| client_error("produce", e))
 }
 
 fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
@@ -286,8 +282,8 @@ impl Prober {
     /// Creates the producer and writes one warm-up record (key `w`, which the reader skips),
     /// so that connecting and getting a producer id do not count as latency later.
     pub fn new(bootstrap: &str, topic: &str, size: usize) -> Result<Prober, BenchError> {
-        let producer: BaseProducer<Failures> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let producer: BaseProducer<Failures> = Cluster::new(bootstrap)
+            .config()
             .set("enable.idempotence", "true")
             .set("linger.ms", "0")
             .create_with_context(Failures::default())
