@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientContext;
 use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 
@@ -21,15 +22,11 @@ const PROBE_PREFIX: u8 = b'p';
 /// Key of the probe producer's warm-up record, which the reader skips.
 const WARM_UP: u8 = b'w';
 
-fn client_error(what: &str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Kafka(format!("{what}: {e}"))
-}
-
 /// Counts failed deliveries.
 #[derive(Default)]
 struct Failures {
     count: AtomicU64,
-    first: OnceLock<String>,
+    first: OnceLock<KafkaError>,
 }
 
 impl ClientContext for Failures {}
@@ -39,7 +36,7 @@ impl ProducerContext for Failures {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
             self.count.fetch_add(1, Ordering::Relaxed);
-            let _ = self.first.set(e.to_string());
+            let _ = self.first.set(e.clone());
         }
     }
 }
@@ -58,7 +55,7 @@ fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Fail
         .set("linger.ms", tuning.linger_ms.to_string())
         .set("batch.size", tuning.batch_size.to_string())
         .create_with_context(Failures::default())
-        .map_err(|e| client_error("producer", e))
+        .map_err(BenchError::kafka("producer"))
 }
 
 /// How long a send waits for room while the local queue is full (as long as a flush may take).
@@ -71,21 +68,21 @@ fn send_all(
     send::send(producer, record, QUEUE_FULL_WAIT, |p| {
         p.poll(Duration::from_millis(1));
     })
-    .map_err(|e| client_error("produce", e))
+    .map_err(BenchError::kafka("produce"))
 }
 
 fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
     producer
         .flush(Duration::from_secs(300))
-        .map_err(|e| client_error("flush", e))?;
-    let failed = producer.context().count.load(Ordering::Relaxed);
-    if failed > 0 {
-        let first = producer.context().first.get().cloned().unwrap_or_default();
-        return Err(BenchError::Kafka(format!(
-            "{failed} records were not delivered (first error: {first})"
-        )));
+        .map_err(BenchError::kafka("flush"))?;
+    // The first failure is kept by the same delivery report that counts it.
+    match producer.context().first.get() {
+        Some(first) => Err(BenchError::Undelivered {
+            count: producer.context().count.load(Ordering::Relaxed),
+            first: first.clone(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Writes `records` records of `size` bytes (keys: decimal ids) with an idempotent producer
@@ -128,7 +125,7 @@ fn value_of(size: usize) -> Vec<u8> {
 fn reader(bootstrap: &str, topic: &str, partitions: i32) -> Result<BaseConsumer, BenchError> {
     let group = format!("onceflow-bench-reader-{}", std::process::id());
     read::reader_from_beginning(&Cluster::new(bootstrap), &group, topic, partitions)
-        .map_err(|e| client_error("consumer", e))
+        .map_err(BenchError::kafka("consumer"))
 }
 
 /// Reads `records` records of `topic` with a read_committed consumer, one `poll` per record
@@ -157,7 +154,12 @@ pub fn consume_all(
                     progress(seen);
                 }
             }
-            Some(Err(e)) => return Err(client_error("consume", e)),
+            Some(Err(e)) => {
+                return Err(BenchError::Kafka {
+                    what: "consume",
+                    source: e,
+                });
+            }
             None => {}
         }
     }
@@ -229,13 +231,18 @@ impl OutputReader {
                                     }
                                 }
                             }
-                            Some(Err(e)) => return Err(client_error("read output", e)),
+                            Some(Err(e)) => {
+                                return Err(BenchError::Kafka {
+                                    what: "read output",
+                                    source: e,
+                                });
+                            }
                             None => {}
                         }
                     }
                     Ok(ReaderReport { e2e })
                 })
-                .map_err(|e| BenchError::Io(format!("reader thread: {e}")))?
+                .map_err(BenchError::io("reader thread"))?
         };
         Ok(OutputReader {
             bulk,
@@ -255,8 +262,8 @@ impl OutputReader {
         match self.handle.take() {
             Some(h) => h
                 .join()
-                .map_err(|_| BenchError::Io("the reader thread panicked".into()))?,
-            None => Err(BenchError::Io("reader already finished".into())),
+                .map_err(|_| BenchError::Other("the reader thread panicked".into()))?,
+            None => Err(BenchError::Other("reader already finished".into())),
         }
     }
 }
@@ -287,7 +294,7 @@ impl Prober {
             .set("enable.idempotence", "true")
             .set("linger.ms", "0")
             .create_with_context(Failures::default())
-            .map_err(|e| client_error("probe producer", e))?;
+            .map_err(BenchError::kafka("probe producer"))?;
         send_all(
             &producer,
             BaseRecord::to(topic).key(&[WARM_UP][..]).payload(&[][..]),

@@ -28,6 +28,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use plotters::drawing::DrawingAreaErrorKind;
+use rdkafka::error::KafkaError;
 
 use crate::histogram::Histogram;
 use crate::kafka::Cluster;
@@ -39,18 +41,61 @@ use procs::Proc;
 /// Why the bench could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("kafka: {0}")]
-    Kafka(String),
+    /// A Kafka client call failed; `what` names it.
+    #[error("kafka: {what}: {source}")]
+    Kafka {
+        what: &'static str,
+        #[source]
+        source: KafkaError,
+    },
     #[error("kafka: {0}")]
     Admin(#[from] AdminError),
+    #[error("kafka: {count} records were not delivered (first error: {first})")]
+    Undelivered { count: u64, first: KafkaError },
+    #[error("kafka: the output reader stopped")]
+    ReaderStopped,
+    /// A file, a process or a thread could not be used; `what` says which.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Plot {
+        path: PathBuf,
+        #[source]
+        source: DrawingAreaErrorKind<std::io::Error>,
+    },
     #[error("{0}")]
-    Io(String),
+    Other(String),
     #[error("timed out: {0}")]
     Timeout(String),
     #[error("{0}")]
     Child(String),
+    #[error("broker: cannot run {}: {source}", script.display())]
+    BrokerScript {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("broker: {0}")]
     Broker(String),
+}
+
+impl BenchError {
+    /// The error of the Kafka client call `what`.
+    fn kafka(what: &'static str) -> impl FnOnce(KafkaError) -> BenchError {
+        move |source| BenchError::Kafka { what, source }
+    }
+
+    /// The error of using `what` (a file, a process, a thread).
+    fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> BenchError {
+        move |source| BenchError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
 }
 
 /// What to measure and where.
@@ -296,7 +341,10 @@ impl Broker {
             .arg(if running { "bootstrap" } else { "start" })
             .stderr(std::process::Stdio::inherit())
             .output()
-            .map_err(|e| BenchError::Broker(format!("cannot run {}: {e}", script.display())))?;
+            .map_err(|source| BenchError::BrokerScript {
+                script: script.clone(),
+                source,
+            })?;
         let bootstrap = String::from_utf8_lossy(&out.stdout)
             .lines()
             .last()
@@ -337,8 +385,7 @@ impl Drop for Broker {
 
 /// Runs the whole matrix and writes the reports; returns every cell's result.
 pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
-    std::fs::create_dir_all(&cfg.out_dir)
-        .map_err(|e| BenchError::Io(format!("{}: {e}", cfg.out_dir.display())))?;
+    std::fs::create_dir_all(&cfg.out_dir).map_err(BenchError::io(cfg.out_dir.display()))?;
     let kstreams_libs = if cfg.kstreams_commit_ms.is_empty() {
         None
     } else {
@@ -351,8 +398,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let work = std::env::temp_dir().join(format!("onceflow-bench-{run_id}-{}", std::process::id()));
-    std::fs::create_dir_all(&work)
-        .map_err(|e| BenchError::Io(format!("{}: {e}", work.display())))?;
+    std::fs::create_dir_all(&work).map_err(BenchError::io(work.display()))?;
 
     warm_up(cfg, bootstrap, &admin, run_id)?;
 
@@ -399,13 +445,13 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
                 let mut result = CellResult::new(partitions, *spec, cfg);
                 bar.set_message(format!("p={partitions} {}", spec.label()));
                 let outcome = match &input_ready {
-                    Err(e) => Err(BenchError::Io(format!("no input: {e}"))),
+                    Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
                     Ok(()) => ctx.run_cell(&mut result),
                 };
                 if let Err(e) = outcome {
                     bar.println(format!("p={partitions} {}: {e}", spec.label()));
                     if spec.kind == Kind::Produce {
-                        input_ready = Err(BenchError::Io(format!("preload failed: {e}")));
+                        input_ready = Err(BenchError::Other(format!("preload failed: {e}")));
                     }
                     result.error = Some(e.to_string());
                 }
@@ -425,8 +471,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     drop(broker);
 
     let markdown = report::markdown(cfg, &results);
-    std::fs::write(cfg.out_dir.join("bench.md"), &markdown)
-        .map_err(|e| BenchError::Io(format!("bench.md: {e}")))?;
+    std::fs::write(cfg.out_dir.join("bench.md"), &markdown).map_err(BenchError::io("bench.md"))?;
     report::plot(&cfg.out_dir.join("throughput.svg"), cfg, &results)?;
     println!("{markdown}");
     Ok(results)
@@ -471,10 +516,10 @@ fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
     let out = Command::new(&script)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| BenchError::Io(format!("cannot run {}: {e}", script.display())))?;
+        .map_err(BenchError::io(format!("cannot run {}", script.display())))?;
     let libs = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || libs.is_empty() {
-        return Err(BenchError::Io(format!(
+        return Err(BenchError::Other(format!(
             "{} failed ({})",
             script.display(),
             out.status
@@ -571,7 +616,7 @@ impl CellCtx<'_> {
         if spec.kind == Kind::KStreams {
             let libs = self
                 .kstreams_libs
-                .ok_or_else(|| BenchError::Io("Kafka Streams libraries not fetched".into()))?;
+                .ok_or_else(|| BenchError::Other("Kafka Streams libraries not fetched".into()))?;
             let mut cmd = Command::new(java());
             cmd.args(&cfg.java_opts)
                 .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
@@ -612,8 +657,7 @@ impl CellCtx<'_> {
             batch = cfg.tuning.batch_size,
         );
         let topology = dir.join("topology.yaml");
-        std::fs::write(&topology, yaml)
-            .map_err(|e| BenchError::Io(format!("{}: {e}", topology.display())))?;
+        std::fs::write(&topology, yaml).map_err(BenchError::io(topology.display()))?;
         (0..spec.instances)
             .map(|i| {
                 let mut cmd = Command::new(&cfg.onceflow_bin);
@@ -647,8 +691,7 @@ impl CellCtx<'_> {
         let dir = self
             .work
             .join(format!("p{}-{label}-r{}", self.partitions, self.round));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| BenchError::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
         let reader = OutputReader::start(self.bootstrap, output, self.partitions, cfg.records)?;
         let probes = (cfg.probe_rate as f64 * cfg.probe_secs).round() as u64;
         let prober = if probes > 0 {
@@ -679,7 +722,7 @@ impl CellCtx<'_> {
                     }
                 }
                 if !reader.is_running() {
-                    return Err(BenchError::Kafka("the output reader stopped".into()));
+                    return Err(BenchError::ReaderStopped);
                 }
                 self.progress(
                     &label,
@@ -788,6 +831,29 @@ mod tests {
         let (n, h) = parse_commits(r#"{"commits":2,"commit_us":[5000,7000]}"#).unwrap();
         assert_eq!((n, h.count(), h.max_us()), (2, 2, 7000));
         assert!(parse_commits("not json").is_none());
+    }
+
+    #[test]
+    fn errors_say_what_failed_then_why() {
+        let io = BenchError::io("bench.md")(std::io::Error::other("disk full"));
+        assert_eq!(io.to_string(), "bench.md: disk full");
+        assert!(std::error::Error::source(&io).is_some());
+        let kafka = BenchError::kafka("flush")(KafkaError::Canceled);
+        assert_eq!(
+            kafka.to_string(),
+            format!("kafka: flush: {}", KafkaError::Canceled)
+        );
+        let undelivered = BenchError::Undelivered {
+            count: 3,
+            first: KafkaError::Canceled,
+        };
+        assert_eq!(
+            undelivered.to_string(),
+            format!(
+                "kafka: 3 records were not delivered (first error: {})",
+                KafkaError::Canceled
+            )
+        );
     }
 
     #[test]

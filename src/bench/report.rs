@@ -103,7 +103,7 @@ pub fn write_csv(path: &Path, results: &[CellResult]) -> Result<(), BenchError> 
                 .unwrap_or_default(),
         );
     }
-    std::fs::write(path, out).map_err(|e| BenchError::Io(format!("{}: {e}", path.display())))
+    std::fs::write(path, out).map_err(BenchError::io(path.display()))
 }
 
 fn k(v: Option<f64>) -> String {
@@ -268,7 +268,10 @@ const COLORS: [RGBColor; 8] = [
 /// Throughput (records/s) against partition count, one line per mode, as SVG (no fonts
 /// needed).
 pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
-    let err = |e: &dyn std::fmt::Display| BenchError::Io(format!("{}: {e}", path.display()));
+    let err = |source| BenchError::Plot {
+        path: path.to_path_buf(),
+        source,
+    };
     let ps = partition_counts(results);
     if ps.is_empty() {
         return Ok(());
@@ -281,7 +284,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .max(1.0)
         * 1.1;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
+    root.fill(&WHITE).map_err(err)?;
     let caption = format!(
         "onceflow bench: {} x {} B records, throughput by partition count",
         cfg.records, cfg.record_size
@@ -293,7 +296,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .x_label_area_size(44)
         .y_label_area_size(70)
         .build_cartesian_2d(-0.3..last + 0.3, 0.0..top)
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
     let labels_of = ps.clone();
     chart
         .configure_mesh()
@@ -313,7 +316,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .x_desc("partitions")
         .y_desc("records/s")
         .draw()
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
     for (n, spec) in specs.iter().enumerate() {
         let color = COLORS[n % COLORS.len()];
         let points: Vec<(f64, f64)> = ps
@@ -330,12 +333,12 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         let style = ShapeStyle::from(&color).stroke_width(2);
         chart
             .draw_series(LineSeries::new(points.clone(), style))
-            .map_err(|e| err(&e))?
+            .map_err(err)?
             .label(spec.label())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         chart
             .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(|e| err(&e))?;
+            .map_err(err)?;
     }
     chart
         .configure_series_labels()
@@ -343,7 +346,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+        .map_err(err)?;
+    root.present().map_err(err)?;
     Ok(())
 }
