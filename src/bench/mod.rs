@@ -103,8 +103,9 @@ impl BenchError {
 pub struct BenchConfig {
     /// The broker to use; `None` starts one with `scripts/kafka start` (and stops it after).
     pub bootstrap_servers: Option<String>,
-    /// The repository (for `scripts/kafka` and `benches/kstreams`).
-    pub repo_dir: PathBuf,
+    /// The repository (for `scripts/kafka` and `benches/kstreams`); only needed to start a
+    /// broker or to run Kafka Streams.
+    pub repo_dir: Option<PathBuf>,
     /// The `onceflow` binary to run the pipelines with.
     pub onceflow_bin: PathBuf,
     pub partitions: Vec<i32>,
@@ -132,6 +133,16 @@ pub struct BenchConfig {
     pub repeat: u32,
     /// Where bench.csv, bench.md and throughput.svg go.
     pub out_dir: PathBuf,
+}
+
+impl BenchConfig {
+    fn repo_dir(&self) -> Result<&Path, BenchError> {
+        self.repo_dir.as_deref().ok_or_else(|| {
+            BenchError::Other(
+                "no repository directory given (for scripts/kafka and benches/kstreams)".into(),
+            )
+        })
+    }
 }
 
 /// What a cell runs.
@@ -331,7 +342,7 @@ impl Broker {
                 keep_logs: false,
             });
         }
-        let script = cfg.repo_dir.join("scripts/kafka");
+        let script = cfg.repo_dir()?.join("scripts/kafka");
         let running = Command::new(&script)
             .arg("status")
             .stderr(std::process::Stdio::null())
@@ -389,7 +400,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let kstreams_libs = if cfg.kstreams_commit_ms.is_empty() {
         None
     } else {
-        Some(fetch_kstreams(&cfg.repo_dir)?)
+        Some(fetch_kstreams(cfg.repo_dir()?)?)
     };
     let mut broker = Broker::new(cfg)?;
     let bootstrap = broker.bootstrap.as_str();
@@ -622,7 +633,7 @@ impl CellCtx<'_> {
                 .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
                 .arg("-cp")
                 .arg(format!("{}/*", libs.display()))
-                .arg(cfg.repo_dir.join("benches/kstreams/Bench.java"))
+                .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
                 .args(["--bootstrap-servers", self.bootstrap])
                 .args(["--application-id", &name])
                 .args(["--input", self.input, "--probe-input", probe])
