@@ -138,12 +138,6 @@ fn partition_counts(results: &[CellResult]) -> Vec<i32> {
 /// The markdown report: a records/s table by mode and partition count with the ratios, the
 /// flatness of each mode, then every cell in detail.
 pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
-    let specs = labels(results);
-    let ps = partition_counts(results);
-    let eos = specs
-        .iter()
-        .copied()
-        .find(|s| s.kind == Kind::Eos && s.instances == 1);
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -156,7 +150,20 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
         cfg.probe_rate,
         cfg.probe_secs
     );
-    // Records/s by mode.
+    rates_table(&mut md, results);
+    cells_table(&mut md, results);
+    md
+}
+
+/// Records/s by mode (columns) and partition count (rows), with the ratios of the first
+/// single-instance exactly-once mode, and the flatness row.
+fn rates_table(md: &mut String, results: &[CellResult]) {
+    let specs = labels(results);
+    let ps = partition_counts(results);
+    let eos = specs
+        .iter()
+        .copied()
+        .find(|s| s.kind == Kind::Eos && s.instances == 1);
     let _ = write!(md, "| partitions |");
     for s in &specs {
         let _ = write!(md, " {} |", s.label());
@@ -188,21 +195,29 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
             x(q.vs_kstreams)
         );
     }
-    // Flatness: the last partition count against the best one, per mode.
     if let Some(&last) = ps.last() {
-        let _ = write!(md, "| {last} / best |");
-        for s in &specs {
-            let rates: Vec<(i32, f64)> = results
-                .iter()
-                .filter(|r| r.spec == *s)
-                .filter_map(|r| r.records_per_s().map(|v| (r.partitions, v)))
-                .collect();
-            let best = rates.iter().map(|(_, v)| *v).fold(f64::NAN, f64::max);
-            let at_last = rates.iter().find(|(p, _)| *p == last).map(|(_, v)| *v);
-            let _ = write!(md, " {} |", x(at_last.map(|v| v / best)));
-        }
-        let _ = writeln!(md, " | | |");
+        flatness_row(md, results, &specs, last);
     }
+}
+
+/// Flatness: the throughput at the `last` partition count against the best one, per mode.
+fn flatness_row(md: &mut String, results: &[CellResult], specs: &[Spec], last: i32) {
+    let _ = write!(md, "| {last} / best |");
+    for s in specs {
+        let rates: Vec<(i32, f64)> = results
+            .iter()
+            .filter(|r| r.spec == *s)
+            .filter_map(|r| r.records_per_s().map(|v| (r.partitions, v)))
+            .collect();
+        let best = rates.iter().map(|(_, v)| *v).fold(f64::NAN, f64::max);
+        let at_last = rates.iter().find(|(p, _)| *p == last).map(|(_, v)| *v);
+        let _ = write!(md, " {} |", x(at_last.map(|v| v / best)));
+    }
+    let _ = writeln!(md, " | | |");
+}
+
+/// Every cell in detail, one row each.
+fn cells_table(md: &mut String, results: &[CellResult]) {
     let _ = writeln!(
         md,
         "\n| partitions | mode | records/s | MB/s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | CPU µs / record | start-up s |"
@@ -251,7 +266,6 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
                 .unwrap_or_else(|| "–".into()),
         );
     }
-    md
 }
 
 const COLORS: [RGBColor; 8] = [
