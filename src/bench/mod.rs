@@ -415,19 +415,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
 
     let specs = plan(cfg);
     let repeat = cfg.repeat.max(1);
-    let per_count: usize = specs
-        .iter()
-        .map(|s| if s.is_pipeline() { repeat as usize } else { 1 })
-        .sum();
-    let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} cells  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.enable_steady_tick(Duration::from_millis(200));
-
+    let bar = progress_bar(cfg, &specs, repeat);
     let mut results: Vec<CellResult> = Vec::new();
     for &partitions in &cfg.partitions {
         let input = format!("onceflow-bench-{run_id}-p{partitions}");
@@ -443,34 +431,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             kstreams_libs: kstreams_libs.as_deref(),
             bar: &bar,
         };
-        let mut input_ready = admin
-            .create_topic(&input, partitions)
-            .map_err(BenchError::from);
-        let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
-        for round in 0..repeat {
-            ctx.round = round;
-            for (i, spec) in specs.iter().enumerate() {
-                if round > 0 && !spec.is_pipeline() {
-                    continue;
-                }
-                let mut result = CellResult::new(partitions, *spec, cfg);
-                bar.set_message(format!("p={partitions} {}", spec.label()));
-                let outcome = match &input_ready {
-                    Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
-                    Ok(()) => ctx.run_cell(&mut result),
-                };
-                if let Err(e) = outcome {
-                    bar.println(format!("p={partitions} {}: {e}", spec.label()));
-                    if spec.kind == Kind::Produce {
-                        input_ready = Err(BenchError::Other(format!("preload failed: {e}")));
-                    }
-                    result.error = Some(e.to_string());
-                }
-                runs[i].push(result);
-                bar.inc(1);
-            }
-        }
-        results.extend(runs.into_iter().filter_map(best));
+        results.extend(ctx.run_cells(&specs, repeat));
         report::write_csv(&cfg.out_dir.join("bench.csv"), &results)?;
         if let Err(e) = admin.delete_topics(&[&input]) {
             bar.println(format!("could not delete {input}: {e}"));
@@ -480,12 +441,35 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let _ = std::fs::remove_dir_all(&work);
     broker.keep_logs = results.iter().any(|r| r.error.is_some());
     drop(broker);
-
-    let markdown = report::markdown(cfg, &results);
-    std::fs::write(cfg.out_dir.join("bench.md"), &markdown).map_err(BenchError::io("bench.md"))?;
-    report::plot(&cfg.out_dir.join("throughput.svg"), cfg, &results)?;
-    println!("{markdown}");
+    write_reports(cfg, &results)?;
     Ok(results)
+}
+
+/// A bar of every cell to run: each pipeline `repeat` times, each ceiling once, at every
+/// partition count.
+fn progress_bar(cfg: &BenchConfig, specs: &[Spec], repeat: u32) -> ProgressBar {
+    let per_count: usize = specs
+        .iter()
+        .map(|s| if s.is_pipeline() { repeat as usize } else { 1 })
+        .sum();
+    let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} cells  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Writes bench.md and throughput.svg, and prints the markdown.
+fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
+    let markdown = report::markdown(cfg, results);
+    std::fs::write(cfg.out_dir.join("bench.md"), &markdown).map_err(BenchError::io("bench.md"))?;
+    report::plot(&cfg.out_dir.join("throughput.svg"), cfg, results)?;
+    println!("{markdown}");
+    Ok(())
 }
 
 /// Writes and reads a throwaway topic first, so the first cell does not pay for a broker that
@@ -558,6 +542,43 @@ impl CellCtx<'_> {
             "p={} {label}: {n}/{} records",
             self.partitions, self.cfg.records
         ));
+    }
+
+    /// Runs every cell of `specs` at this partition count over a fresh input topic, the
+    /// pipelines `repeat` times in rounds, and keeps the best run of each.
+    fn run_cells(&mut self, specs: &[Spec], repeat: u32) -> Vec<CellResult> {
+        let partitions = self.partitions;
+        let mut input_ready = self
+            .admin
+            .create_topic(self.input, partitions)
+            .map_err(BenchError::from);
+        let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
+        for round in 0..repeat {
+            self.round = round;
+            for (i, spec) in specs.iter().enumerate() {
+                if round > 0 && !spec.is_pipeline() {
+                    continue;
+                }
+                let mut result = CellResult::new(partitions, *spec, self.cfg);
+                self.bar
+                    .set_message(format!("p={partitions} {}", spec.label()));
+                let outcome = match &input_ready {
+                    Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
+                    Ok(()) => self.run_cell(&mut result),
+                };
+                if let Err(e) = outcome {
+                    self.bar
+                        .println(format!("p={partitions} {}: {e}", spec.label()));
+                    if spec.kind == Kind::Produce {
+                        input_ready = Err(BenchError::Other(format!("preload failed: {e}")));
+                    }
+                    result.error = Some(e.to_string());
+                }
+                runs[i].push(result);
+                self.bar.inc(1);
+            }
+        }
+        runs.into_iter().filter_map(best).collect()
     }
 
     fn run_cell(&self, result: &mut CellResult) -> Result<(), BenchError> {
@@ -713,37 +734,7 @@ impl CellCtx<'_> {
         let launched = Instant::now();
         let mut procs = self.launch(spec, output, probe, &dir)?;
 
-        let wait_for = |procs: &mut Vec<Proc>,
-                        what: &str,
-                        done: &dyn Fn() -> bool|
-         -> Result<(), BenchError> {
-            let deadline = Instant::now() + cfg.cell_timeout;
-            while !done() {
-                if Instant::now() > deadline {
-                    return Err(BenchError::Timeout(format!(
-                        "{what}: {} of {} records visible after {:?}",
-                        reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-                        cfg.records,
-                        cfg.cell_timeout
-                    )));
-                }
-                for p in procs.iter_mut() {
-                    if let Some(exit) = p.exited() {
-                        return Err(p.failure(&format!("exited early ({:?})", exit.code)));
-                    }
-                }
-                if !reader.is_running() {
-                    return Err(BenchError::ReaderStopped);
-                }
-                self.progress(
-                    &label,
-                    reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Ok(())
-        };
-        wait_for(&mut procs, "processing", &|| {
+        self.wait_for(&mut procs, &reader, &label, "processing", &|| {
             reader.all_bulk_at.get().is_some()
         })?;
         let all_at = *reader.all_bulk_at.get().unwrap_or(&launched);
@@ -759,48 +750,105 @@ impl CellCtx<'_> {
             self.bar
                 .set_message(format!("p={} {label}: latency probe", self.partitions));
             prober.run(probes, cfg.probe_rate)?;
-            wait_for(&mut procs, "latency probe", &|| {
+            self.wait_for(&mut procs, &reader, &label, "latency probe", &|| {
                 reader.probes.load(std::sync::atomic::Ordering::Relaxed) >= probes
             })?;
         }
 
-        let mut commit = Histogram::default();
-        let mut commits = 0;
-        let mut rss_kib = 0;
-        let mut cpu_s = 0.0;
-        for p in procs.iter() {
-            rss_kib = rss_kib.max(p.peak_rss_kib().unwrap_or(0));
-        }
-        for (i, p) in procs.iter_mut().enumerate() {
-            let exit = p.terminate(Duration::from_secs(60));
-            cpu_s += exit.cpu_s;
-            if exit.code != Some(0) && spec.kind != Kind::KStreams {
-                return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
-            }
-            let summary = if spec.kind == Kind::KStreams {
-                p.output()
-                    .into_iter()
-                    .rev()
-                    .find(|l| l.starts_with("{\"commits\""))
-                    .ok_or_else(|| p.failure("printed no commit summary"))?
-            } else {
-                let path = dir.join(format!("summary-{i}.json"));
-                std::fs::read_to_string(&path)
-                    .map_err(|e| p.failure(&format!("left no summary ({e})")))?
-            };
-            let (n, h) = parse_commits(&summary)
-                .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
-            commits += n;
-            commit.merge(&h);
-        }
+        let stopped = stop(&mut procs, spec.kind, &dir)?;
         let report = reader.finish()?;
-        result.commits = Some(commits);
-        result.commit = Some(commit);
+        result.commits = Some(stopped.commits);
+        result.commit = Some(stopped.commit);
         result.e2e = (report.e2e.count() > 0).then_some(report.e2e);
-        result.peak_rss_mib = (rss_kib > 0).then(|| rss_kib as f64 / 1024.0);
-        result.cpu_s = Some(cpu_s);
+        result.peak_rss_mib = (stopped.rss_kib > 0).then(|| stopped.rss_kib as f64 / 1024.0);
+        result.cpu_s = Some(stopped.cpu_s);
         Ok(())
     }
+
+    /// Waits until `done` (for at most the cell timeout), failing as soon as a process exits
+    /// or the reader stops; `what` names the wait in a timeout.
+    fn wait_for(
+        &self,
+        procs: &mut [Proc],
+        reader: &OutputReader,
+        label: &str,
+        what: &str,
+        done: &dyn Fn() -> bool,
+    ) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let deadline = Instant::now() + cfg.cell_timeout;
+        while !done() {
+            if Instant::now() > deadline {
+                return Err(BenchError::Timeout(format!(
+                    "{what}: {} of {} records visible after {:?}",
+                    reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
+                    cfg.records,
+                    cfg.cell_timeout
+                )));
+            }
+            for p in procs.iter_mut() {
+                if let Some(exit) = p.exited() {
+                    return Err(p.failure(&format!("exited early ({:?})", exit.code)));
+                }
+            }
+            if !reader.is_running() {
+                return Err(BenchError::ReaderStopped);
+            }
+            self.progress(
+                label,
+                reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+/// What a pipeline's processes reported once stopped.
+struct Stopped {
+    commits: u64,
+    commit: Histogram,
+    /// Peak RSS of the largest process.
+    rss_kib: u64,
+    /// CPU time of them all.
+    cpu_s: f64,
+}
+
+/// Reads the processes' peak RSS, stops them with SIGTERM, and reads their commit summaries
+/// (onceflow's `summary-<i>.json` in `dir`, the Kafka Streams peer's last summary line).
+fn stop(procs: &mut [Proc], kind: Kind, dir: &Path) -> Result<Stopped, BenchError> {
+    let mut stopped = Stopped {
+        commits: 0,
+        commit: Histogram::default(),
+        rss_kib: 0,
+        cpu_s: 0.0,
+    };
+    for p in procs.iter() {
+        stopped.rss_kib = stopped.rss_kib.max(p.peak_rss_kib().unwrap_or(0));
+    }
+    for (i, p) in procs.iter_mut().enumerate() {
+        let exit = p.terminate(Duration::from_secs(60));
+        stopped.cpu_s += exit.cpu_s;
+        if exit.code != Some(0) && kind != Kind::KStreams {
+            return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
+        }
+        let summary = if kind == Kind::KStreams {
+            p.output()
+                .into_iter()
+                .rev()
+                .find(|l| l.starts_with("{\"commits\""))
+                .ok_or_else(|| p.failure("printed no commit summary"))?
+        } else {
+            let path = dir.join(format!("summary-{i}.json"));
+            std::fs::read_to_string(&path)
+                .map_err(|e| p.failure(&format!("left no summary ({e})")))?
+        };
+        let (n, h) = parse_commits(&summary)
+            .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
+        stopped.commits += n;
+        stopped.commit.merge(&h);
+    }
+    Ok(stopped)
 }
 
 fn java() -> PathBuf {
