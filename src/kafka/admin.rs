@@ -226,3 +226,22 @@ impl Admin {
         Ok(resource.get(key).and_then(|entry| entry.value.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::embedded::EmbeddedCluster;
+
+    #[test]
+    fn metadata_lists_the_brokers_and_the_topics_that_exist() {
+        let cluster = EmbeddedCluster::start(2).expect("embedded cluster");
+        cluster.create_topic("present", 2).expect("topic");
+        let admin = Admin::new(&Cluster::new(cluster.bootstrap_servers())).expect("admin");
+        let metadata = admin.metadata(Duration::from_secs(10)).expect("metadata");
+        let mut brokers = metadata.brokers.clone();
+        brokers.sort_unstable();
+        assert_eq!(brokers, [1, 2]);
+        assert!(metadata.topics.contains("present"), "{metadata:?}");
+        assert!(!metadata.topics.contains("absent"), "{metadata:?}");
+    }
+}
