@@ -25,7 +25,7 @@
 //! * [`sink`]: outputs outside Kafka, made idempotent instead: the [`sink::Sink`] trait and
 //!   [`sink::postgres`], which upserts by id through an inbox table.
 //! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
-//!   to its end, sending with a full queue, the embedded cluster of a first run.
+//!   to its end, sending with a full queue, admin calls, the embedded cluster of a first run.
 //! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.
 //! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
 //! * [`validate`] and [`testing`]: `onceflow validate` (every problem of a file, and what

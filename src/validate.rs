@@ -3,12 +3,12 @@
 //! are all checked; [`check_broker`] adds what only a broker can tell (its transaction timeout
 //! ceiling, whether the topics exist).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use crate::kafka::Cluster;
+use crate::kafka::admin::{Admin, AdminError};
 
 use crate::topology::env::{self, Strictness};
 use crate::topology::lines::LineMap;
@@ -173,47 +173,87 @@ pub fn check_broker(
     lines: &LineMap,
     timeout: Duration,
 ) -> Vec<Diagnostic> {
-    let diag = |path: &str, message: String| Diagnostic {
-        file: file.to_string(),
-        line: lines.line_of(path),
-        path: path.to_string(),
-        message,
+    let at = Locator { file, lines };
+    let cluster = Cluster {
+        bootstrap: bootstrap.to_string(),
+        settings: topology
+            .kafka
+            .common
+            .iter()
+            .filter(|(k, _)| !PROTECTED_CLIENT_SETTINGS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     };
-    let mut config = ClientConfig::new();
-    for (k, v) in &topology.kafka.common {
-        if !PROTECTED_CLIENT_SETTINGS.contains(&k.as_str()) {
-            config.set(k, v);
-        }
-    }
-    config.set("bootstrap.servers", bootstrap);
-    let admin: AdminClient<DefaultClientContext> = match config.create() {
+    let admin = match Admin::new(&cluster) {
         Ok(a) => a,
         Err(e) => {
-            return vec![diag(
+            return vec![at.diag(
                 "",
-                format!("cannot create a client for {bootstrap}: {e}"),
+                format!("cannot create a client for {bootstrap}: {}", cause(&e)),
             )];
         }
     };
-    let metadata = match admin.inner().fetch_metadata(None, timeout) {
+    let metadata = match admin.metadata(timeout) {
         Ok(m) => m,
         Err(e) => {
-            return vec![diag(
+            return vec![at.diag(
                 "",
-                format!("cannot read the cluster metadata from {bootstrap}: {e}"),
+                format!(
+                    "cannot read the cluster metadata from {bootstrap}: {}",
+                    cause(&e)
+                ),
             )];
         }
     };
+    let mut out = missing_topics(topology, &metadata.topics, bootstrap, &at);
+    out.extend(transaction_timeout_ceilings(
+        topology,
+        &admin,
+        &metadata.brokers,
+        timeout,
+        &at,
+    ));
+    out
+}
+
+/// Places a broker check's problems in the file.
+struct Locator<'a> {
+    file: &'a str,
+    lines: &'a LineMap,
+}
+
+impl Locator<'_> {
+    fn diag(&self, path: &str, message: String) -> Diagnostic {
+        Diagnostic {
+            file: self.file.to_string(),
+            line: self.lines.line_of(path),
+            path: path.to_string(),
+            message,
+        }
+    }
+}
+
+/// What the client or the broker answered, for a diagnostic that says what was asked.
+fn cause(e: &AdminError) -> String {
+    match e {
+        AdminError::Client(e) | AdminError::Request { source: e, .. } => e.to_string(),
+        AdminError::Refused { code, .. } => code.to_string(),
+        AdminError::NoAnswer { .. } => "no answer".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Every input and output topic of `topology` that is not among `existing`.
+fn missing_topics(
+    topology: &Topology,
+    existing: &BTreeSet<String>,
+    bootstrap: &str,
+    at: &Locator<'_>,
+) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    let exists = |topic: &str| {
-        metadata
-            .topics()
-            .iter()
-            .any(|t| t.name() == topic && t.error().is_none())
-    };
     for (i, input) in topology.inputs.iter().enumerate() {
-        if !exists(&input.topic) {
-            out.push(diag(
+        if !existing.contains(&input.topic) {
+            out.push(at.diag(
                 &format!("inputs[{i}].topic"),
                 format!("topic `{}` does not exist on {bootstrap}", input.topic),
             ));
@@ -223,59 +263,51 @@ pub fn check_broker(
         let Some(Target::Topic(topic)) = output.target() else {
             continue;
         };
-        if !exists(topic) {
-            out.push(diag(
+        if !existing.contains(topic) {
+            out.push(at.diag(
                 &format!("outputs[{i}].topic"),
                 format!("topic `{topic}` does not exist on {bootstrap}"),
             ));
         }
     }
+    out
+}
+
+/// A problem for every broker whose `transaction.max.timeout.ms` is below the topology's
+/// transaction timeout, or cannot be read.
+fn transaction_timeout_ceilings(
+    topology: &Topology,
+    admin: &Admin,
+    brokers: &[i32],
+    timeout: Duration,
+    at: &Locator<'_>,
+) -> Vec<Diagnostic> {
+    const KEY: &str = "transaction.max.timeout.ms";
     let wanted = topology.runtime.transaction_timeout_ms;
     let path = "runtime.transaction_timeout_ms";
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            out.push(diag(path, format!("cannot start an async runtime: {e}")));
-            return out;
-        }
-    };
-    for broker in metadata.brokers() {
-        let options = AdminOptions::new().request_timeout(Some(timeout));
-        let described = runtime
-            .block_on(admin.describe_configs(&[ResourceSpecifier::Broker(broker.id())], &options));
-        let ceiling = described
-            .map_err(|e| e.to_string())
-            .and_then(|mut results| {
-                results
-                    .pop()
-                    .ok_or_else(|| "no answer".to_string())?
-                    .map_err(|e| e.to_string())
-            })
-            .and_then(|resource| {
-                resource
-                    .get("transaction.max.timeout.ms")
-                    .and_then(|entry| entry.value.as_deref())
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or_else(|| "transaction.max.timeout.ms is not reported".to_string())
-            });
+    let mut out = Vec::new();
+    for &broker in brokers {
+        let ceiling = match admin.broker_config(broker, KEY, timeout) {
+            Err(AdminError::Runtime(e)) => {
+                out.push(at.diag(path, format!("cannot start an async runtime: {e}")));
+                return out;
+            }
+            Err(e) => Err(cause(&e)),
+            Ok(value) => value
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| format!("{KEY} is not reported")),
+        };
         match ceiling {
-            Ok(max) if max < wanted => out.push(diag(
+            Ok(max) if max < wanted => out.push(at.diag(
                 path,
                 format!(
-                    "{wanted} ms is more than the transaction.max.timeout.ms of broker {} ({max} ms): producers would fail to initialise; lower it or raise the broker's",
-                    broker.id()
+                    "{wanted} ms is more than the {KEY} of broker {broker} ({max} ms): producers would fail to initialise; lower it or raise the broker's"
                 ),
             )),
             Ok(_) => {}
-            Err(e) => out.push(diag(
+            Err(e) => out.push(at.diag(
                 path,
-                format!(
-                    "cannot read transaction.max.timeout.ms of broker {}: {e}",
-                    broker.id()
-                ),
+                format!("cannot read {KEY} of broker {broker}: {e}"),
             )),
         }
     }

@@ -1,4 +1,4 @@
-//! The benchmark's own Kafka clients: topic admin, the preload (which is also the produce-only
+//! The benchmark's own Kafka clients: the preload (which is also the produce-only
 //! ceiling), the consume-only ceiling, the read_committed reader that times every cell, and
 //! the paced probe that measures end-to-end latency.
 
@@ -7,138 +7,26 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::ClientContext;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::types::RDKafkaErrorCode as Code;
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
 use super::BenchError;
 use crate::histogram::Histogram;
+use crate::kafka::{Cluster, read, send};
 
 /// Key prefix of probe records; bulk records have plain decimal keys.
 const PROBE_PREFIX: u8 = b'p';
 /// Key of the probe producer's warm-up record, which the reader skips.
 const WARM_UP: u8 = b'w';
 
-fn client_error(what: &str, e: impl std::fmt::Display) -> BenchError {
-    BenchError::Kafka(format!("{what}: {e}"))
-}
-
-/// Creates and deletes topics.
-pub struct Admin {
-    client: AdminClient<DefaultClientContext>,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Admin {
-    pub fn new(bootstrap: &str) -> Result<Admin, BenchError> {
-        let client = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()
-            .map_err(|e| client_error("admin client", e))?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| BenchError::Io(format!("async runtime: {e}")))?;
-        Ok(Admin { client, runtime })
-    }
-
-    /// Creates a topic and waits for its leaders. A busy broker may time out the request and
-    /// create the topic anyway: the request is tried three times, and "already exists" on a
-    /// later try counts as created.
-    pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let opts = AdminOptions::new()
-            .operation_timeout(Some(Duration::from_secs(60)))
-            .request_timeout(Some(Duration::from_secs(70)));
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let outcome = self
-                .runtime
-                .block_on(self.client.create_topics([&topic], &opts))
-                .map_err(|e| client_error("create topic", e))
-                .and_then(|results| {
-                    for r in results {
-                        match r {
-                            Ok(_) => {}
-                            Err((_, Code::TopicAlreadyExists)) if attempt > 1 => {}
-                            Err((t, e)) => {
-                                return Err(client_error(&format!("create topic {t}"), e));
-                            }
-                        }
-                    }
-                    Ok(())
-                });
-            match outcome {
-                Ok(()) => return self.wait_for_leaders(name, partitions),
-                Err(e) if attempt >= 3 => return Err(e),
-                Err(_) => std::thread::sleep(Duration::from_secs(2)),
-            }
-        }
-    }
-
-    /// Waits until the broker's metadata shows every partition of a new topic with a leader:
-    /// a client that subscribes earlier does not see the topic until its next metadata
-    /// refresh (five minutes by default).
-    fn wait_for_leaders(&self, name: &str, partitions: i32) -> Result<(), BenchError> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = self
-                .client
-                .inner()
-                .fetch_metadata(Some(name), Duration::from_secs(5))
-                .is_ok_and(|m| {
-                    m.topics().iter().any(|t| {
-                        t.name() == name
-                            && t.error().is_none()
-                            && t.partitions().len() == partitions as usize
-                            && t.partitions()
-                                .iter()
-                                .all(|p| p.leader() >= 0 && p.error().is_none())
-                    })
-                });
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(BenchError::Timeout(format!(
-                    "topic {name} has no leader for every partition"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Deletes topics, ignoring those that do not exist.
-    pub fn delete_topics(&self, names: &[&str]) -> Result<(), BenchError> {
-        if names.is_empty() {
-            return Ok(());
-        }
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = self
-            .runtime
-            .block_on(self.client.delete_topics(names, &opts))
-            .map_err(|e| client_error("delete topics", e))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, Code::UnknownTopicOrPartition)) => {}
-                Err((t, e)) => return Err(client_error(&format!("delete topic {t}"), e)),
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Counts failed deliveries.
 #[derive(Default)]
 struct Failures {
     count: AtomicU64,
-    first: OnceLock<String>,
+    first: OnceLock<KafkaError>,
 }
 
 impl ClientContext for Failures {}
@@ -148,7 +36,7 @@ impl ProducerContext for Failures {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
             self.count.fetch_add(1, Ordering::Relaxed);
-            let _ = self.first.set(e.to_string());
+            let _ = self.first.set(e.clone());
         }
     }
 }
@@ -161,43 +49,40 @@ pub struct ProducerTuning {
 }
 
 fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Failures>, BenchError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    Cluster::new(bootstrap)
+        .config()
         .set("enable.idempotence", "true")
         .set("linger.ms", tuning.linger_ms.to_string())
         .set("batch.size", tuning.batch_size.to_string())
         .create_with_context(Failures::default())
-        .map_err(|e| client_error("producer", e))
+        .map_err(BenchError::kafka("producer"))
 }
 
-fn send_all<'a>(
+/// How long a send waits for room while the local queue is full (as long as a flush may take).
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(300);
+
+fn send_all(
     producer: &BaseProducer<Failures>,
-    mut record: BaseRecord<'a, [u8], [u8]>,
+    record: BaseRecord<'_, [u8], [u8]>,
 ) -> Result<(), BenchError> {
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                producer.poll(Duration::from_millis(1));
-            }
-            Err((e, _)) => return Err(client_error("produce", e)),
-        }
-    }
+    send::send(producer, record, QUEUE_FULL_WAIT, |p| {
+        p.poll(Duration::from_millis(1));
+    })
+    .map_err(BenchError::kafka("produce"))
 }
 
 fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
     producer
         .flush(Duration::from_secs(300))
-        .map_err(|e| client_error("flush", e))?;
-    let failed = producer.context().count.load(Ordering::Relaxed);
-    if failed > 0 {
-        let first = producer.context().first.get().cloned().unwrap_or_default();
-        return Err(BenchError::Kafka(format!(
-            "{failed} records were not delivered (first error: {first})"
-        )));
+        .map_err(BenchError::kafka("flush"))?;
+    // The first failure is kept by the same delivery report that counts it.
+    match producer.context().first.get() {
+        Some(first) => Err(BenchError::Undelivered {
+            count: producer.context().count.load(Ordering::Relaxed),
+            first: first.clone(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Writes `records` records of `size` bytes (keys: decimal ids) with an idempotent producer
@@ -238,27 +123,9 @@ fn value_of(size: usize) -> Vec<u8> {
 }
 
 fn reader(bootstrap: &str, topic: &str, partitions: i32) -> Result<BaseConsumer, BenchError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("onceflow-bench-reader-{}", std::process::id()),
-        )
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| client_error("consumer", e))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .map_err(|e| client_error("assignment", e))?;
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| client_error("assign", e))?;
-    Ok(consumer)
+    let group = format!("onceflow-bench-reader-{}", std::process::id());
+    read::reader_from_beginning(&Cluster::new(bootstrap), &group, topic, partitions)
+        .map_err(BenchError::kafka("consumer"))
 }
 
 /// Reads `records` records of `topic` with a read_committed consumer, one `poll` per record
@@ -287,7 +154,12 @@ pub fn consume_all(
                     progress(seen);
                 }
             }
-            Some(Err(e)) => return Err(client_error("consume", e)),
+            Some(Err(e)) => {
+                return Err(BenchError::Kafka {
+                    what: "consume",
+                    source: e,
+                });
+            }
             None => {}
         }
     }
@@ -359,13 +231,18 @@ impl OutputReader {
                                     }
                                 }
                             }
-                            Some(Err(e)) => return Err(client_error("read output", e)),
+                            Some(Err(e)) => {
+                                return Err(BenchError::Kafka {
+                                    what: "read output",
+                                    source: e,
+                                });
+                            }
                             None => {}
                         }
                     }
                     Ok(ReaderReport { e2e })
                 })
-                .map_err(|e| BenchError::Io(format!("reader thread: {e}")))?
+                .map_err(BenchError::io("reader thread"))?
         };
         Ok(OutputReader {
             bulk,
@@ -385,8 +262,8 @@ impl OutputReader {
         match self.handle.take() {
             Some(h) => h
                 .join()
-                .map_err(|_| BenchError::Io("the reader thread panicked".into()))?,
-            None => Err(BenchError::Io("reader already finished".into())),
+                .map_err(|_| BenchError::Other("the reader thread panicked".into()))?,
+            None => Err(BenchError::Other("reader already finished".into())),
         }
     }
 }
@@ -412,12 +289,12 @@ impl Prober {
     /// Creates the producer and writes one warm-up record (key `w`, which the reader skips),
     /// so that connecting and getting a producer id do not count as latency later.
     pub fn new(bootstrap: &str, topic: &str, size: usize) -> Result<Prober, BenchError> {
-        let producer: BaseProducer<Failures> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+        let producer: BaseProducer<Failures> = Cluster::new(bootstrap)
+            .config()
             .set("enable.idempotence", "true")
             .set("linger.ms", "0")
             .create_with_context(Failures::default())
-            .map_err(|e| client_error("probe producer", e))?;
+            .map_err(BenchError::kafka("probe producer"))?;
         send_all(
             &producer,
             BaseRecord::to(topic).key(&[WARM_UP][..]).payload(&[][..]),

@@ -28,25 +28,74 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use plotters::drawing::DrawingAreaErrorKind;
+use rdkafka::error::KafkaError;
 
 use crate::histogram::Histogram;
+use crate::kafka::Cluster;
+use crate::kafka::admin::{Admin, AdminError};
+use kafka::OutputReader;
 pub use kafka::ProducerTuning;
-use kafka::{Admin, OutputReader};
 use procs::Proc;
 
 /// Why the bench could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// A Kafka client call failed; `what` names it.
+    #[error("kafka: {what}: {source}")]
+    Kafka {
+        what: &'static str,
+        #[source]
+        source: KafkaError,
+    },
     #[error("kafka: {0}")]
-    Kafka(String),
+    Admin(#[from] AdminError),
+    #[error("kafka: {count} records were not delivered (first error: {first})")]
+    Undelivered { count: u64, first: KafkaError },
+    #[error("kafka: the output reader stopped")]
+    ReaderStopped,
+    /// A file, a process or a thread could not be used; `what` says which.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Plot {
+        path: PathBuf,
+        #[source]
+        source: DrawingAreaErrorKind<std::io::Error>,
+    },
     #[error("{0}")]
-    Io(String),
+    Other(String),
     #[error("timed out: {0}")]
     Timeout(String),
     #[error("{0}")]
     Child(String),
+    #[error("broker: cannot run {}: {source}", script.display())]
+    BrokerScript {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("broker: {0}")]
     Broker(String),
+}
+
+impl BenchError {
+    /// The error of the Kafka client call `what`.
+    fn kafka(what: &'static str) -> impl FnOnce(KafkaError) -> BenchError {
+        move |source| BenchError::Kafka { what, source }
+    }
+
+    /// The error of using `what` (a file, a process, a thread).
+    fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> BenchError {
+        move |source| BenchError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
 }
 
 /// What to measure and where.
@@ -54,8 +103,9 @@ pub enum BenchError {
 pub struct BenchConfig {
     /// The broker to use; `None` starts one with `scripts/kafka start` (and stops it after).
     pub bootstrap_servers: Option<String>,
-    /// The repository (for `scripts/kafka` and `benches/kstreams`).
-    pub repo_dir: PathBuf,
+    /// The repository (for `scripts/kafka` and `benches/kstreams`); only needed to start a
+    /// broker or to run Kafka Streams.
+    pub repo_dir: Option<PathBuf>,
     /// The `onceflow` binary to run the pipelines with.
     pub onceflow_bin: PathBuf,
     pub partitions: Vec<i32>,
@@ -83,6 +133,16 @@ pub struct BenchConfig {
     pub repeat: u32,
     /// Where bench.csv, bench.md and throughput.svg go.
     pub out_dir: PathBuf,
+}
+
+impl BenchConfig {
+    fn repo_dir(&self) -> Result<&Path, BenchError> {
+        self.repo_dir.as_deref().ok_or_else(|| {
+            BenchError::Other(
+                "no repository directory given (for scripts/kafka and benches/kstreams)".into(),
+            )
+        })
+    }
 }
 
 /// What a cell runs.
@@ -282,7 +342,7 @@ impl Broker {
                 keep_logs: false,
             });
         }
-        let script = cfg.repo_dir.join("scripts/kafka");
+        let script = cfg.repo_dir()?.join("scripts/kafka");
         let running = Command::new(&script)
             .arg("status")
             .stderr(std::process::Stdio::null())
@@ -292,7 +352,10 @@ impl Broker {
             .arg(if running { "bootstrap" } else { "start" })
             .stderr(std::process::Stdio::inherit())
             .output()
-            .map_err(|e| BenchError::Broker(format!("cannot run {}: {e}", script.display())))?;
+            .map_err(|source| BenchError::BrokerScript {
+                script: script.clone(),
+                source,
+            })?;
         let bootstrap = String::from_utf8_lossy(&out.stdout)
             .lines()
             .last()
@@ -333,40 +396,26 @@ impl Drop for Broker {
 
 /// Runs the whole matrix and writes the reports; returns every cell's result.
 pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
-    std::fs::create_dir_all(&cfg.out_dir)
-        .map_err(|e| BenchError::Io(format!("{}: {e}", cfg.out_dir.display())))?;
+    std::fs::create_dir_all(&cfg.out_dir).map_err(BenchError::io(cfg.out_dir.display()))?;
     let kstreams_libs = if cfg.kstreams_commit_ms.is_empty() {
         None
     } else {
-        Some(fetch_kstreams(&cfg.repo_dir)?)
+        Some(fetch_kstreams(cfg.repo_dir()?)?)
     };
     let mut broker = Broker::new(cfg)?;
     let bootstrap = broker.bootstrap.as_str();
-    let admin = Admin::new(bootstrap)?;
+    let admin = Admin::new(&Cluster::new(bootstrap))?;
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let work = std::env::temp_dir().join(format!("onceflow-bench-{run_id}-{}", std::process::id()));
-    std::fs::create_dir_all(&work)
-        .map_err(|e| BenchError::Io(format!("{}: {e}", work.display())))?;
+    std::fs::create_dir_all(&work).map_err(BenchError::io(work.display()))?;
 
     warm_up(cfg, bootstrap, &admin, run_id)?;
 
     let specs = plan(cfg);
     let repeat = cfg.repeat.max(1);
-    let per_count: usize = specs
-        .iter()
-        .map(|s| if s.is_pipeline() { repeat as usize } else { 1 })
-        .sum();
-    let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} cells  {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar.enable_steady_tick(Duration::from_millis(200));
-
+    let bar = progress_bar(cfg, &specs, repeat);
     let mut results: Vec<CellResult> = Vec::new();
     for &partitions in &cfg.partitions {
         let input = format!("onceflow-bench-{run_id}-p{partitions}");
@@ -382,32 +431,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             kstreams_libs: kstreams_libs.as_deref(),
             bar: &bar,
         };
-        let mut input_ready = admin.create_topic(&input, partitions);
-        let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
-        for round in 0..repeat {
-            ctx.round = round;
-            for (i, spec) in specs.iter().enumerate() {
-                if round > 0 && !spec.is_pipeline() {
-                    continue;
-                }
-                let mut result = CellResult::new(partitions, *spec, cfg);
-                bar.set_message(format!("p={partitions} {}", spec.label()));
-                let outcome = match &input_ready {
-                    Err(e) => Err(BenchError::Io(format!("no input: {e}"))),
-                    Ok(()) => ctx.run_cell(&mut result),
-                };
-                if let Err(e) = outcome {
-                    bar.println(format!("p={partitions} {}: {e}", spec.label()));
-                    if spec.kind == Kind::Produce {
-                        input_ready = Err(BenchError::Io(format!("preload failed: {e}")));
-                    }
-                    result.error = Some(e.to_string());
-                }
-                runs[i].push(result);
-                bar.inc(1);
-            }
-        }
-        results.extend(runs.into_iter().filter_map(best));
+        results.extend(ctx.run_cells(&specs, repeat));
         report::write_csv(&cfg.out_dir.join("bench.csv"), &results)?;
         if let Err(e) = admin.delete_topics(&[&input]) {
             bar.println(format!("could not delete {input}: {e}"));
@@ -417,13 +441,35 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let _ = std::fs::remove_dir_all(&work);
     broker.keep_logs = results.iter().any(|r| r.error.is_some());
     drop(broker);
-
-    let markdown = report::markdown(cfg, &results);
-    std::fs::write(cfg.out_dir.join("bench.md"), &markdown)
-        .map_err(|e| BenchError::Io(format!("bench.md: {e}")))?;
-    report::plot(&cfg.out_dir.join("throughput.svg"), cfg, &results)?;
-    println!("{markdown}");
+    write_reports(cfg, &results)?;
     Ok(results)
+}
+
+/// A bar of every cell to run: each pipeline `repeat` times, each ceiling once, at every
+/// partition count.
+fn progress_bar(cfg: &BenchConfig, specs: &[Spec], repeat: u32) -> ProgressBar {
+    let per_count: usize = specs
+        .iter()
+        .map(|s| if s.is_pipeline() { repeat as usize } else { 1 })
+        .sum();
+    let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:24} {pos}/{len} cells  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Writes bench.md and throughput.svg, and prints the markdown.
+fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
+    let markdown = report::markdown(cfg, results);
+    std::fs::write(cfg.out_dir.join("bench.md"), &markdown).map_err(BenchError::io("bench.md"))?;
+    report::plot(&cfg.out_dir.join("throughput.svg"), cfg, results)?;
+    println!("{markdown}");
+    Ok(())
 }
 
 /// Writes and reads a throwaway topic first, so the first cell does not pay for a broker that
@@ -465,10 +511,10 @@ fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
     let out = Command::new(&script)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| BenchError::Io(format!("cannot run {}: {e}", script.display())))?;
+        .map_err(BenchError::io(format!("cannot run {}", script.display())))?;
     let libs = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || libs.is_empty() {
-        return Err(BenchError::Io(format!(
+        return Err(BenchError::Other(format!(
             "{} failed ({})",
             script.display(),
             out.status
@@ -496,6 +542,43 @@ impl CellCtx<'_> {
             "p={} {label}: {n}/{} records",
             self.partitions, self.cfg.records
         ));
+    }
+
+    /// Runs every cell of `specs` at this partition count over a fresh input topic, the
+    /// pipelines `repeat` times in rounds, and keeps the best run of each.
+    fn run_cells(&mut self, specs: &[Spec], repeat: u32) -> Vec<CellResult> {
+        let partitions = self.partitions;
+        let mut input_ready = self
+            .admin
+            .create_topic(self.input, partitions)
+            .map_err(BenchError::from);
+        let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
+        for round in 0..repeat {
+            self.round = round;
+            for (i, spec) in specs.iter().enumerate() {
+                if round > 0 && !spec.is_pipeline() {
+                    continue;
+                }
+                let mut result = CellResult::new(partitions, *spec, self.cfg);
+                self.bar
+                    .set_message(format!("p={partitions} {}", spec.label()));
+                let outcome = match &input_ready {
+                    Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
+                    Ok(()) => self.run_cell(&mut result),
+                };
+                if let Err(e) = outcome {
+                    self.bar
+                        .println(format!("p={partitions} {}: {e}", spec.label()));
+                    if spec.kind == Kind::Produce {
+                        input_ready = Err(BenchError::Other(format!("preload failed: {e}")));
+                    }
+                    result.error = Some(e.to_string());
+                }
+                runs[i].push(result);
+                self.bar.inc(1);
+            }
+        }
+        runs.into_iter().filter_map(best).collect()
     }
 
     fn run_cell(&self, result: &mut CellResult) -> Result<(), BenchError> {
@@ -535,6 +618,7 @@ impl CellCtx<'_> {
                     .admin
                     .create_topic(&output, self.partitions)
                     .and_then(|()| self.admin.create_topic(&probe, 1))
+                    .map_err(BenchError::from)
                     .and_then(|()| self.run_pipeline(result, &output, &probe));
                 if let Err(e) = self.admin.delete_topics(&[&output, &probe]) {
                     self.bar.println(format!("could not delete {output}: {e}"));
@@ -564,13 +648,13 @@ impl CellCtx<'_> {
         if spec.kind == Kind::KStreams {
             let libs = self
                 .kstreams_libs
-                .ok_or_else(|| BenchError::Io("Kafka Streams libraries not fetched".into()))?;
+                .ok_or_else(|| BenchError::Other("Kafka Streams libraries not fetched".into()))?;
             let mut cmd = Command::new(java());
             cmd.args(&cfg.java_opts)
                 .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
                 .arg("-cp")
                 .arg(format!("{}/*", libs.display()))
-                .arg(cfg.repo_dir.join("benches/kstreams/Bench.java"))
+                .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
                 .args(["--bootstrap-servers", self.bootstrap])
                 .args(["--application-id", &name])
                 .args(["--input", self.input, "--probe-input", probe])
@@ -605,8 +689,7 @@ impl CellCtx<'_> {
             batch = cfg.tuning.batch_size,
         );
         let topology = dir.join("topology.yaml");
-        std::fs::write(&topology, yaml)
-            .map_err(|e| BenchError::Io(format!("{}: {e}", topology.display())))?;
+        std::fs::write(&topology, yaml).map_err(BenchError::io(topology.display()))?;
         (0..spec.instances)
             .map(|i| {
                 let mut cmd = Command::new(&cfg.onceflow_bin);
@@ -640,8 +723,7 @@ impl CellCtx<'_> {
         let dir = self
             .work
             .join(format!("p{}-{label}-r{}", self.partitions, self.round));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| BenchError::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
         let reader = OutputReader::start(self.bootstrap, output, self.partitions, cfg.records)?;
         let probes = (cfg.probe_rate as f64 * cfg.probe_secs).round() as u64;
         let prober = if probes > 0 {
@@ -652,37 +734,7 @@ impl CellCtx<'_> {
         let launched = Instant::now();
         let mut procs = self.launch(spec, output, probe, &dir)?;
 
-        let wait_for = |procs: &mut Vec<Proc>,
-                        what: &str,
-                        done: &dyn Fn() -> bool|
-         -> Result<(), BenchError> {
-            let deadline = Instant::now() + cfg.cell_timeout;
-            while !done() {
-                if Instant::now() > deadline {
-                    return Err(BenchError::Timeout(format!(
-                        "{what}: {} of {} records visible after {:?}",
-                        reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-                        cfg.records,
-                        cfg.cell_timeout
-                    )));
-                }
-                for p in procs.iter_mut() {
-                    if let Some(exit) = p.exited() {
-                        return Err(p.failure(&format!("exited early ({:?})", exit.code)));
-                    }
-                }
-                if !reader.is_running() {
-                    return Err(BenchError::Kafka("the output reader stopped".into()));
-                }
-                self.progress(
-                    &label,
-                    reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Ok(())
-        };
-        wait_for(&mut procs, "processing", &|| {
+        self.wait_for(&mut procs, &reader, &label, "processing", &|| {
             reader.all_bulk_at.get().is_some()
         })?;
         let all_at = *reader.all_bulk_at.get().unwrap_or(&launched);
@@ -698,48 +750,105 @@ impl CellCtx<'_> {
             self.bar
                 .set_message(format!("p={} {label}: latency probe", self.partitions));
             prober.run(probes, cfg.probe_rate)?;
-            wait_for(&mut procs, "latency probe", &|| {
+            self.wait_for(&mut procs, &reader, &label, "latency probe", &|| {
                 reader.probes.load(std::sync::atomic::Ordering::Relaxed) >= probes
             })?;
         }
 
-        let mut commit = Histogram::default();
-        let mut commits = 0;
-        let mut rss_kib = 0;
-        let mut cpu_s = 0.0;
-        for p in procs.iter() {
-            rss_kib = rss_kib.max(p.peak_rss_kib().unwrap_or(0));
-        }
-        for (i, p) in procs.iter_mut().enumerate() {
-            let exit = p.terminate(Duration::from_secs(60));
-            cpu_s += exit.cpu_s;
-            if exit.code != Some(0) && spec.kind != Kind::KStreams {
-                return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
-            }
-            let summary = if spec.kind == Kind::KStreams {
-                p.output()
-                    .into_iter()
-                    .rev()
-                    .find(|l| l.starts_with("{\"commits\""))
-                    .ok_or_else(|| p.failure("printed no commit summary"))?
-            } else {
-                let path = dir.join(format!("summary-{i}.json"));
-                std::fs::read_to_string(&path)
-                    .map_err(|e| p.failure(&format!("left no summary ({e})")))?
-            };
-            let (n, h) = parse_commits(&summary)
-                .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
-            commits += n;
-            commit.merge(&h);
-        }
+        let stopped = stop(&mut procs, spec.kind, &dir)?;
         let report = reader.finish()?;
-        result.commits = Some(commits);
-        result.commit = Some(commit);
+        result.commits = Some(stopped.commits);
+        result.commit = Some(stopped.commit);
         result.e2e = (report.e2e.count() > 0).then_some(report.e2e);
-        result.peak_rss_mib = (rss_kib > 0).then(|| rss_kib as f64 / 1024.0);
-        result.cpu_s = Some(cpu_s);
+        result.peak_rss_mib = (stopped.rss_kib > 0).then(|| stopped.rss_kib as f64 / 1024.0);
+        result.cpu_s = Some(stopped.cpu_s);
         Ok(())
     }
+
+    /// Waits until `done` (for at most the cell timeout), failing as soon as a process exits
+    /// or the reader stops; `what` names the wait in a timeout.
+    fn wait_for(
+        &self,
+        procs: &mut [Proc],
+        reader: &OutputReader,
+        label: &str,
+        what: &str,
+        done: &dyn Fn() -> bool,
+    ) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let deadline = Instant::now() + cfg.cell_timeout;
+        while !done() {
+            if Instant::now() > deadline {
+                return Err(BenchError::Timeout(format!(
+                    "{what}: {} of {} records visible after {:?}",
+                    reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
+                    cfg.records,
+                    cfg.cell_timeout
+                )));
+            }
+            for p in procs.iter_mut() {
+                if let Some(exit) = p.exited() {
+                    return Err(p.failure(&format!("exited early ({:?})", exit.code)));
+                }
+            }
+            if !reader.is_running() {
+                return Err(BenchError::ReaderStopped);
+            }
+            self.progress(
+                label,
+                reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+/// What a pipeline's processes reported once stopped.
+struct Stopped {
+    commits: u64,
+    commit: Histogram,
+    /// Peak RSS of the largest process.
+    rss_kib: u64,
+    /// CPU time of them all.
+    cpu_s: f64,
+}
+
+/// Reads the processes' peak RSS, stops them with SIGTERM, and reads their commit summaries
+/// (onceflow's `summary-<i>.json` in `dir`, the Kafka Streams peer's last summary line).
+fn stop(procs: &mut [Proc], kind: Kind, dir: &Path) -> Result<Stopped, BenchError> {
+    let mut stopped = Stopped {
+        commits: 0,
+        commit: Histogram::default(),
+        rss_kib: 0,
+        cpu_s: 0.0,
+    };
+    for p in procs.iter() {
+        stopped.rss_kib = stopped.rss_kib.max(p.peak_rss_kib().unwrap_or(0));
+    }
+    for (i, p) in procs.iter_mut().enumerate() {
+        let exit = p.terminate(Duration::from_secs(60));
+        stopped.cpu_s += exit.cpu_s;
+        if exit.code != Some(0) && kind != Kind::KStreams {
+            return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
+        }
+        let summary = if kind == Kind::KStreams {
+            p.output()
+                .into_iter()
+                .rev()
+                .find(|l| l.starts_with("{\"commits\""))
+                .ok_or_else(|| p.failure("printed no commit summary"))?
+        } else {
+            let path = dir.join(format!("summary-{i}.json"));
+            std::fs::read_to_string(&path)
+                .map_err(|e| p.failure(&format!("left no summary ({e})")))?
+        };
+        let (n, h) = parse_commits(&summary)
+            .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
+        stopped.commits += n;
+        stopped.commit.merge(&h);
+    }
+    Ok(stopped)
 }
 
 fn java() -> PathBuf {
@@ -781,6 +890,29 @@ mod tests {
         let (n, h) = parse_commits(r#"{"commits":2,"commit_us":[5000,7000]}"#).unwrap();
         assert_eq!((n, h.count(), h.max_us()), (2, 2, 7000));
         assert!(parse_commits("not json").is_none());
+    }
+
+    #[test]
+    fn errors_say_what_failed_then_why() {
+        let io = BenchError::io("bench.md")(std::io::Error::other("disk full"));
+        assert_eq!(io.to_string(), "bench.md: disk full");
+        assert!(std::error::Error::source(&io).is_some());
+        let kafka = BenchError::kafka("flush")(KafkaError::Canceled);
+        assert_eq!(
+            kafka.to_string(),
+            format!("kafka: flush: {}", KafkaError::Canceled)
+        );
+        let undelivered = BenchError::Undelivered {
+            count: 3,
+            first: KafkaError::Canceled,
+        };
+        assert_eq!(
+            undelivered.to_string(),
+            format!(
+                "kafka: 3 records were not delivered (first error: {})",
+                KafkaError::Canceled
+            )
+        );
     }
 
     #[test]

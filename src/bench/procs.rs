@@ -74,7 +74,7 @@ impl Proc {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| BenchError::Io(format!("cannot start {name}: {e}")))?;
+            .map_err(BenchError::io(format!("cannot start {name}")))?;
         let ready = Arc::new(OnceLock::new());
         let lines = Arc::new(Mutex::new(VecDeque::new()));
         let mut pumps = Vec::new();

@@ -103,7 +103,7 @@ pub fn write_csv(path: &Path, results: &[CellResult]) -> Result<(), BenchError> 
                 .unwrap_or_default(),
         );
     }
-    std::fs::write(path, out).map_err(|e| BenchError::Io(format!("{}: {e}", path.display())))
+    std::fs::write(path, out).map_err(BenchError::io(path.display()))
 }
 
 fn k(v: Option<f64>) -> String {
@@ -138,12 +138,6 @@ fn partition_counts(results: &[CellResult]) -> Vec<i32> {
 /// The markdown report: a records/s table by mode and partition count with the ratios, the
 /// flatness of each mode, then every cell in detail.
 pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
-    let specs = labels(results);
-    let ps = partition_counts(results);
-    let eos = specs
-        .iter()
-        .copied()
-        .find(|s| s.kind == Kind::Eos && s.instances == 1);
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -156,7 +150,20 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
         cfg.probe_rate,
         cfg.probe_secs
     );
-    // Records/s by mode.
+    rates_table(&mut md, results);
+    cells_table(&mut md, results);
+    md
+}
+
+/// Records/s by mode (columns) and partition count (rows), with the ratios of the first
+/// single-instance exactly-once mode, and the flatness row.
+fn rates_table(md: &mut String, results: &[CellResult]) {
+    let specs = labels(results);
+    let ps = partition_counts(results);
+    let eos = specs
+        .iter()
+        .copied()
+        .find(|s| s.kind == Kind::Eos && s.instances == 1);
     let _ = write!(md, "| partitions |");
     for s in &specs {
         let _ = write!(md, " {} |", s.label());
@@ -188,21 +195,29 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
             x(q.vs_kstreams)
         );
     }
-    // Flatness: the last partition count against the best one, per mode.
     if let Some(&last) = ps.last() {
-        let _ = write!(md, "| {last} / best |");
-        for s in &specs {
-            let rates: Vec<(i32, f64)> = results
-                .iter()
-                .filter(|r| r.spec == *s)
-                .filter_map(|r| r.records_per_s().map(|v| (r.partitions, v)))
-                .collect();
-            let best = rates.iter().map(|(_, v)| *v).fold(f64::NAN, f64::max);
-            let at_last = rates.iter().find(|(p, _)| *p == last).map(|(_, v)| *v);
-            let _ = write!(md, " {} |", x(at_last.map(|v| v / best)));
-        }
-        let _ = writeln!(md, " | | |");
+        flatness_row(md, results, &specs, last);
     }
+}
+
+/// Flatness: the throughput at the `last` partition count against the best one, per mode.
+fn flatness_row(md: &mut String, results: &[CellResult], specs: &[Spec], last: i32) {
+    let _ = write!(md, "| {last} / best |");
+    for s in specs {
+        let rates: Vec<(i32, f64)> = results
+            .iter()
+            .filter(|r| r.spec == *s)
+            .filter_map(|r| r.records_per_s().map(|v| (r.partitions, v)))
+            .collect();
+        let best = rates.iter().map(|(_, v)| *v).fold(f64::NAN, f64::max);
+        let at_last = rates.iter().find(|(p, _)| *p == last).map(|(_, v)| *v);
+        let _ = write!(md, " {} |", x(at_last.map(|v| v / best)));
+    }
+    let _ = writeln!(md, " | | |");
+}
+
+/// Every cell in detail, one row each.
+fn cells_table(md: &mut String, results: &[CellResult]) {
     let _ = writeln!(
         md,
         "\n| partitions | mode | records/s | MB/s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | CPU µs / record | start-up s |"
@@ -251,7 +266,6 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
                 .unwrap_or_else(|| "–".into()),
         );
     }
-    md
 }
 
 const COLORS: [RGBColor; 8] = [
@@ -268,7 +282,10 @@ const COLORS: [RGBColor; 8] = [
 /// Throughput (records/s) against partition count, one line per mode, as SVG (no fonts
 /// needed).
 pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
-    let err = |e: &dyn std::fmt::Display| BenchError::Io(format!("{}: {e}", path.display()));
+    let err = |source| BenchError::Plot {
+        path: path.to_path_buf(),
+        source,
+    };
     let ps = partition_counts(results);
     if ps.is_empty() {
         return Ok(());
@@ -281,7 +298,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .max(1.0)
         * 1.1;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
+    root.fill(&WHITE).map_err(err)?;
     let caption = format!(
         "onceflow bench: {} x {} B records, throughput by partition count",
         cfg.records, cfg.record_size
@@ -293,7 +310,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .x_label_area_size(44)
         .y_label_area_size(70)
         .build_cartesian_2d(-0.3..last + 0.3, 0.0..top)
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
     let labels_of = ps.clone();
     chart
         .configure_mesh()
@@ -313,7 +330,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .x_desc("partitions")
         .y_desc("records/s")
         .draw()
-        .map_err(|e| err(&e))?;
+        .map_err(err)?;
     for (n, spec) in specs.iter().enumerate() {
         let color = COLORS[n % COLORS.len()];
         let points: Vec<(f64, f64)> = ps
@@ -330,12 +347,12 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         let style = ShapeStyle::from(&color).stroke_width(2);
         chart
             .draw_series(LineSeries::new(points.clone(), style))
-            .map_err(|e| err(&e))?
+            .map_err(err)?
             .label(spec.label())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
         chart
             .draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(|e| err(&e))?;
+            .map_err(err)?;
     }
     chart
         .configure_series_labels()
@@ -343,7 +360,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+        .map_err(err)?;
+    root.present().map_err(err)?;
     Ok(())
 }

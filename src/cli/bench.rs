@@ -1,7 +1,7 @@
 //! `onceflow bench`: throughput against partition count, next to the broker's ceiling and
 //! Kafka Streams.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -65,15 +65,61 @@ pub struct BenchArgs {
     /// Where to write bench.csv, bench.md and throughput.svg.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// The onceflow repository (scripts/kafka, benches/kstreams).
-    #[arg(long, default_value = env!("CARGO_MANIFEST_DIR"))]
-    repo_dir: PathBuf,
+    /// The onceflow repository (scripts/kafka, benches/kstreams). Default: the first directory
+    /// holding both, above the current directory, then above the executable's.
+    #[arg(long)]
+    repo_dir: Option<PathBuf>,
+}
+
+/// What the bench runs from the repository: the broker script and the Kafka Streams peer.
+const REPO_MARKERS: [&str; 2] = ["scripts/kafka", "benches/kstreams"];
+
+/// The first directory holding every one of [`REPO_MARKERS`], walking up from each of
+/// `starts` in turn.
+fn find_repo_dir(starts: &[PathBuf]) -> Option<PathBuf> {
+    starts
+        .iter()
+        .flat_map(|start| start.ancestors())
+        .find(|dir| REPO_MARKERS.iter().all(|m| dir.join(m).exists()))
+        .map(Path::to_path_buf)
+}
+
+/// The repository: the one given, or the one found above the current directory or the
+/// executable's. Not finding it is an error only when the run `needs` it.
+fn repo_dir(given: Option<PathBuf>, needs: bool) -> anyhow::Result<Option<PathBuf>> {
+    if given.is_some() {
+        return Ok(given);
+    }
+    let starts: Vec<PathBuf> = [
+        std::env::current_dir().ok(),
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(Path::to_path_buf)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let found = find_repo_dir(&starts);
+    anyhow::ensure!(
+        found.is_some() || !needs,
+        "cannot find the onceflow repository (a directory with {}) above the current \
+         directory or the executable's; pass --repo-dir (it is needed to start a broker and to \
+         run Kafka Streams)",
+        REPO_MARKERS.join(" and ")
+    );
+    Ok(found)
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    let kstreams_commit_ms = if args.no_kstreams {
+        Vec::new()
+    } else {
+        args.kstreams_commit_ms
+    };
+    let needs_repo = args.bootstrap_servers.is_none() || !kstreams_commit_ms.is_empty();
     let config = BenchConfig {
+        repo_dir: repo_dir(args.repo_dir, needs_repo)?,
         bootstrap_servers: args.bootstrap_servers,
-        repo_dir: args.repo_dir,
         onceflow_bin: std::env::current_exe()
             .context("cannot find the onceflow binary to run the pipelines with")?,
         partitions: args.partitions,
@@ -81,11 +127,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         record_size: args.record_size,
         alos_commit_ms: args.alos_commit_ms,
         eos_commit_ms: args.eos_commit_ms,
-        kstreams_commit_ms: if args.no_kstreams {
-            Vec::new()
-        } else {
-            args.kstreams_commit_ms
-        },
+        kstreams_commit_ms,
         java_opts: args
             .java_opts
             .split_whitespace()
@@ -106,4 +148,74 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let failed = results.iter().filter(|r| r.error.is_some()).count();
     anyhow::ensure!(failed == 0, "{failed} cell(s) failed; see bench.csv");
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tree with a repository (`repo`, its build output under `repo/target/release`), a
+    /// directory with only one of the markers (`half`) and an unrelated one (`elsewhere`).
+    fn tree() -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("tempdir");
+        for dir in [
+            "repo/scripts",
+            "repo/benches/kstreams",
+            "repo/target/release",
+            "half/scripts",
+            "elsewhere/deeper",
+        ] {
+            std::fs::create_dir_all(root.path().join(dir)).expect("mkdir");
+        }
+        for file in ["repo/scripts/kafka", "half/scripts/kafka"] {
+            std::fs::write(root.path().join(file), "#!/bin/sh\n").expect("write");
+        }
+        root
+    }
+
+    #[test]
+    fn the_repository_is_found_from_itself_or_below() {
+        let root = tree();
+        let repo = root.path().join("repo");
+        assert_eq!(
+            find_repo_dir(std::slice::from_ref(&repo)),
+            Some(repo.clone())
+        );
+        assert_eq!(
+            find_repo_dir(&[repo.join("target/release")]),
+            Some(repo.clone())
+        );
+    }
+
+    #[test]
+    fn the_next_start_is_tried_when_the_first_leads_nowhere() {
+        let root = tree();
+        let repo = root.path().join("repo");
+        let starts = [
+            root.path().join("elsewhere/deeper"),
+            root.path().join("half"),
+            repo.join("target/release"),
+        ];
+        assert_eq!(find_repo_dir(&starts), Some(repo));
+    }
+
+    #[test]
+    fn a_directory_with_only_some_markers_is_not_the_repository() {
+        let root = tree();
+        let starts = [
+            root.path().join("half/scripts"),
+            root.path().join("elsewhere"),
+        ];
+        assert_eq!(find_repo_dir(&starts), None);
+        assert_eq!(find_repo_dir(&[]), None);
+    }
+
+    #[test]
+    fn a_given_repository_is_taken_as_it_is() {
+        let given = PathBuf::from("/nowhere/onceflow");
+        assert_eq!(
+            repo_dir(Some(given.clone()), true).expect("given"),
+            Some(given)
+        );
+    }
 }

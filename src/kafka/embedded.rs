@@ -4,11 +4,14 @@
 //! to read_committed readers, offsets sent in a transaction are not stored and nothing is
 //! fenced. It is for a first run and for error-handling tests, never a proof of exactly-once.
 
-use std::ffi::{CStr, CString};
+use std::ffi::{CStr, CString, NulError};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use super::{Cluster, send};
 
 /// A running mock cluster; it lives as long as this value.
 pub struct EmbeddedCluster {
@@ -19,8 +22,29 @@ pub struct EmbeddedCluster {
 
 /// Why the embedded cluster could not be used.
 #[derive(Debug, thiserror::Error)]
-#[error("embedded cluster: {0}")]
-pub struct EmbeddedError(String);
+pub enum EmbeddedError {
+    #[error("embedded cluster: {0}")]
+    Client(#[source] KafkaError),
+    #[error("embedded cluster: librdkafka did not start a mock cluster")]
+    NoMock,
+    #[error("embedded cluster: {0}")]
+    TopicName(#[source] NulError),
+    #[error("embedded cluster: cannot create topic {name}: {code:?}")]
+    CreateTopic {
+        name: String,
+        code: rdkafka_sys::rd_kafka_resp_err_t,
+    },
+    #[error("embedded cluster: feeding {topic}: {source}")]
+    Feed {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// How long feeding waits for room while the local queue is full, and for the last
+/// deliveries.
+const FEED_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl EmbeddedCluster {
     /// Starts a mock cluster of `brokers` brokers.
@@ -28,7 +52,7 @@ impl EmbeddedCluster {
         let handle: BaseProducer = ClientConfig::new()
             .set("test.mock.num.brokers", brokers.to_string())
             .create()
-            .map_err(|e| EmbeddedError(e.to_string()))?;
+            .map_err(EmbeddedError::Client)?;
         let mock = mock_ptr(&handle)?;
         // SAFETY: `mock` belongs to `handle`, which is alive; the call only sets a field.
         // Without it the mock delays every first group join by 3 s.
@@ -50,16 +74,17 @@ impl EmbeddedCluster {
     /// Creates a topic.
     pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), EmbeddedError> {
         let mock = mock_ptr(&self.handle)?;
-        let topic = CString::new(name).map_err(|e| EmbeddedError(e.to_string()))?;
+        let topic = CString::new(name).map_err(EmbeddedError::TopicName)?;
         // SAFETY: `mock` is alive with `self.handle`; `topic` is a valid C string.
         let err =
             unsafe { rdkafka_sys::rd_kafka_mock_topic_create(mock, topic.as_ptr(), partitions, 1) };
         if err == rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
             Ok(())
         } else {
-            Err(EmbeddedError(format!(
-                "cannot create topic {name}: {err:?}"
-            )))
+            Err(EmbeddedError::CreateTopic {
+                name: name.to_string(),
+                code: err,
+            })
         }
     }
 
@@ -86,28 +111,22 @@ impl EmbeddedCluster {
 
     /// Writes `count` generated JSON records `{"id": n, ...}` keyed by id.
     pub fn feed(&self, topic: &str, count: u64) -> Result<(), EmbeddedError> {
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
+        let producer: BaseProducer = Cluster::new(&self.bootstrap)
+            .config()
             .set("linger.ms", "5")
             .create()
-            .map_err(|e| EmbeddedError(e.to_string()))?;
+            .map_err(EmbeddedError::Client)?;
+        let failed = |source| EmbeddedError::Feed {
+            topic: topic.to_string(),
+            source,
+        };
         for id in 0..count {
             let key = id.to_string();
             let value = format!(r#"{{"id":{id},"kind":"order","amount":{}}}"#, id % 997);
-            let mut record = BaseRecord::to(topic).key(&key).payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        record = back;
-                        producer.poll(Duration::from_millis(5));
-                    }
-                }
-            }
+            let record = BaseRecord::to(topic).key(&key).payload(&value);
+            send::send(&producer, record, FEED_TIMEOUT, send::poll_briefly).map_err(failed)?;
         }
-        producer
-            .flush(Duration::from_secs(30))
-            .map_err(|e| EmbeddedError(format!("feeding {topic}: {e}")))
+        producer.flush(FEED_TIMEOUT).map_err(failed)
     }
 }
 
@@ -117,9 +136,7 @@ fn mock_ptr(
     // SAFETY: the native handle is valid while `handle` lives.
     let mock = unsafe { rdkafka_sys::rd_kafka_handle_mock_cluster(handle.client().native_ptr()) };
     if mock.is_null() {
-        Err(EmbeddedError(
-            "librdkafka did not start a mock cluster".into(),
-        ))
+        Err(EmbeddedError::NoMock)
     } else {
         Ok(mock)
     }

@@ -4,6 +4,7 @@
 //! The job's own consumer and transactional producer are configured in [`clients`]; the
 //! transactional calls themselves live in [`crate::txn`] and nowhere else.
 
+pub mod admin;
 pub mod clients;
 pub mod embedded;
 pub mod read;

@@ -44,6 +44,23 @@ pub fn reader(cluster: &Cluster, group: &str) -> Result<BaseConsumer, KafkaError
         .create()
 }
 
+/// A [`reader`] of `group` assigned partitions `0..partitions` of `topic` from their
+/// beginning, whatever the group has committed.
+pub fn reader_from_beginning(
+    cluster: &Cluster,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<BaseConsumer, KafkaError> {
+    let consumer = reader(cluster, group)?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
+}
+
 /// The low and end offsets of every partition of `topic` now.
 pub fn watermarks(
     consumer: &BaseConsumer,
