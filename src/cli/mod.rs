@@ -71,10 +71,26 @@ pub fn main(cli: Cli) -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error with its causes, each once: the crate's errors already show their cause in
+/// their own message, and a cause already said is not repeated.
+fn chain(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    let mut last = text.clone();
+    for cause in e.chain().skip(1) {
+        let said = cause.to_string();
+        if !last.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        last = said;
+    }
+    text
 }
 
 /// Loads a topology for running: the environment must provide every variable, and every
@@ -136,6 +152,18 @@ mod tests {
         assert_eq!(parse_setting("a=b=c").unwrap(), ("a".into(), "b=c".into()));
         assert!(parse_setting("novalue").is_err());
         assert!(parse_setting("=x").is_err());
+    }
+
+    #[test]
+    fn causes_are_shown_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("kafka: {0}")]
+        struct Wraps(#[source] std::io::Error);
+        let io = || std::io::Error::other("refused");
+        let e = anyhow::Error::from(Wraps(io())).context("cannot start");
+        assert_eq!(chain(&e), "cannot start: kafka: refused");
+        let plain = anyhow::Error::from(io()).context("cannot write x");
+        assert_eq!(chain(&plain), "cannot write x: refused");
     }
 
     #[test]

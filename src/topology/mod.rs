@@ -551,12 +551,17 @@ impl Topology {
             ("consumer", &self.kafka.consumer),
             ("producer", &self.kafka.producer),
         ] {
-            for key in map.keys() {
+            for (key, value) in map {
+                let path = format!("kafka.{section}.{key}");
                 if PROTECTED_CLIENT_SETTINGS.contains(&key.as_str()) {
                     issue(
-                        format!("kafka.{section}.{key}"),
+                        path,
                         "is set by onceflow for exactly-once and cannot be overridden",
                     );
+                } else if section != "consumer" {
+                    if let Some(message) = idempotence_needs(key, value) {
+                        issue(path, message);
+                    }
                 }
             }
         }
@@ -847,6 +852,25 @@ impl Topology {
             pg.validate(&format!("{at}.postgres"), &mut issues);
         }
         issues
+    }
+}
+
+/// What the idempotent (and transactional) producer needs of a setting, when `value` does
+/// not give it: every record on all in-sync replicas before it counts, and at most 5
+/// requests in flight per connection, so that retries keep the order and never duplicate.
+fn idempotence_needs(key: &str, value: &str) -> Option<&'static str> {
+    match key {
+        "acks" | "request.required.acks" if !matches!(value.trim(), "all" | "-1") => Some(
+            "must be `all` (or -1): exactly-once needs every record on all in-sync replicas before it counts; leave it unset",
+        ),
+        "max.in.flight.requests.per.connection" | "max.in.flight"
+            if value.trim().parse::<u64>().is_ok_and(|n| n > 5) =>
+        {
+            Some(
+                "must be at most 5: more requests in flight per connection break the idempotent producer's ordering and deduplication; leave it unset",
+            )
+        }
+        _ => None,
     }
 }
 

@@ -32,8 +32,10 @@ const MAX_SYNTAX_ERRORS: usize = 8;
 pub struct ParseProblem {
     /// Dotted field path (`runtime.commit_interval_ms`); empty for the document.
     pub path: String,
-    /// The 1-based line in the text, for a syntax error; for the others the path places it.
+    /// The 1-based line and column in the text, for a syntax error; for the others the path
+    /// places it.
     pub line: Option<usize>,
+    pub column: Option<usize>,
     pub message: String,
 }
 
@@ -100,10 +102,14 @@ pub fn parse(text: &str) -> Parsed {
             }
             None => {
                 attempts.push((path.clone(), 0));
-                if !blanked.iter().any(|b| is_under(b, &path) || is_under(&path, b)) {
+                if !blanked
+                    .iter()
+                    .any(|b| is_under(b, &path) || is_under(&path, b))
+                {
                     parsed.problems.push(ParseProblem {
                         path: path.clone(),
                         line: None,
+                        column: None,
                         message: explain(&tree, &path, message),
                     });
                 }
@@ -131,6 +137,7 @@ fn loose_tree(text: &str, problems: &mut Vec<ParseProblem>) -> Option<Value> {
                 problems.push(ParseProblem {
                     path: String::new(),
                     line,
+                    column: e.location().map(|l| l.column() as usize),
                     message: first_line(&e.to_string()),
                 });
                 let blanked = line.and_then(|l| blank_line(&text, l))?;
@@ -174,7 +181,9 @@ fn path_text(path: &serde_path_to_error::Path) -> String {
 /// A plainer message for a number that does not fit its field ("invalid u64").
 fn explain(tree: &Value, path: &str, message: String) -> String {
     let what = match message.as_str() {
-        "invalid u64" | "invalid u32" | "invalid u16" | "invalid usize" => "a whole number of 0 or more",
+        "invalid u64" | "invalid u32" | "invalid u16" | "invalid usize" => {
+            "a whole number of 0 or more"
+        }
         "invalid i64" | "invalid i32" => "a whole number",
         "invalid f64" | "invalid f32" => "a number",
         "invalid bool" => "true or false",
@@ -389,7 +398,11 @@ mod tests {
         let paths: Vec<&str> = parsed.problems.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["inputs[0].cdec", "pipeline[0]", "runtime.commit_interval_ms"],
+            [
+                "inputs[0].cdec",
+                "pipeline[0]",
+                "runtime.commit_interval_ms"
+            ],
             "{:?}",
             parsed.problems
         );
