@@ -68,6 +68,12 @@ fn is_under(path: &str, base: &str) -> bool {
 /// Parses topology text (already interpolated), collecting every problem.
 pub fn parse(text: &str) -> Parsed {
     let mut parsed = Parsed::default();
+    // A file without problems is read as it is, directly: only a file with problems goes
+    // through the loose tree, whose scalars are re-read from text of its own.
+    if let Ok(topology) = serde_saphyr::from_str::<Topology>(text) {
+        parsed.topology = Some(topology);
+        return parsed;
+    }
     let Some(mut tree) = loose_tree(text, &mut parsed.problems) else {
         return parsed;
     };
@@ -130,7 +136,14 @@ pub fn parse(text: &str) -> Parsed {
 fn loose_tree(text: &str, problems: &mut Vec<ParseProblem>) -> Option<Value> {
     let mut text = text.to_string();
     for _ in 0..MAX_SYNTAX_ERRORS {
-        match serde_saphyr::from_str::<Value>(&text) {
+        // YAML 1.2 booleans only, numbers with leading zeros or underscores kept as text: a
+        // plain `n` or `010` written back stays what it was.
+        let options = serde_saphyr::options! {
+            strict_booleans: true,
+            leading_zero_numbers_as_strings: true,
+            underscored_numbers_as_strings: true,
+        };
+        match serde_saphyr::from_str_with_options::<Value>(&text, options) {
             Ok(tree) => return Some(tree),
             Err(e) => {
                 let line = e.location().map(|l| l.line() as usize);
@@ -423,6 +436,22 @@ mod tests {
             parsed.problems
         );
         assert!(parsed.topology.is_some(), "{:?}", parsed.problems);
+    }
+
+    #[test]
+    fn scalars_keep_their_meaning_through_the_loose_tree() {
+        // `n` is a column name here (YAML 1.1 would read it as false), `010` a string.
+        let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: b}]\nkafka:\n  producer: {x.y: 010}\nruntime: {max_attempts: many}\npipeline:\n  - drop_fields: [n, y, 'off']\n";
+        let parsed = parse(text);
+        assert_eq!(parsed.problems.len(), 1, "{:?}", parsed.problems);
+        let t = parsed.topology.expect("repaired");
+        assert_eq!(t.kafka.producer["x.y"], "010");
+        match &t.pipeline[0] {
+            crate::topology::Processor::DropFields(fields) => {
+                assert_eq!(fields, &["n", "y", "off"]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -500,7 +500,10 @@ impl Txn {
         }
         let timeout = self.settings.operation_timeout;
         let deadline = Instant::now() + timeout;
-        let committed = retry_call(deadline, || {
+        // A consumer that failed for good (fenced by a newer instance with its id) is not
+        // waited for: nothing it asks will succeed again.
+        let fatal = || consumer.client().fatal_error().is_some();
+        let committed = retry_call(deadline, &fatal, || {
             consumer.committed_offsets(touched.clone(), timeout)
         })
         .map_err(|error| TxnError::rewind("reading committed offsets", error))?;
@@ -519,7 +522,7 @@ impl Txn {
         // A partition's seek can fail on its own (the consumer's state in flux while the
         // coordinator moves): seeking again to the same offsets is harmless.
         let mut failed_at = String::from("seeking");
-        retry_call(deadline, || {
+        retry_call(deadline, &fatal, || {
             failed_at = String::from("seeking");
             let result = consumer.seek_partitions(seeks.clone(), timeout)?;
             for elem in result.elements() {
@@ -549,15 +552,20 @@ impl Txn {
 }
 
 /// Calls a consumer's request again while its error is retriable (the group coordinator
-/// moved or is loading, a request timed out), with a capped backoff, until `deadline`.
-fn retry_call<T>(deadline: Instant, mut call: impl FnMut() -> KafkaResult<T>) -> KafkaResult<T> {
+/// moved or is loading, a request timed out), with a capped backoff, until `deadline` or
+/// until the consumer has failed `fatal`ly.
+fn retry_call<T>(
+    deadline: Instant,
+    fatal: &dyn Fn() -> bool,
+    mut call: impl FnMut() -> KafkaResult<T>,
+) -> KafkaResult<T> {
     let mut backoff = retry::CLIENT_CALL.retries();
     loop {
         let error = match call() {
             Ok(v) => return Ok(v),
             Err(error) => error,
         };
-        let delay = retries_call(&error)
+        let delay = (retries_call(&error) && !fatal())
             .then(|| backoff.next_delay(deadline))
             .flatten();
         let Some(delay) = delay else {
