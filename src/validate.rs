@@ -444,6 +444,14 @@ mod tests {
             .collect()
     }
 
+    /// One problem per expected start, in order.
+    fn assert_starts(got: &[String], expected_starts: &[&str]) {
+        assert_eq!(got.len(), expected_starts.len(), "{got:#?}");
+        for (g, e) in got.iter().zip(expected_starts) {
+            assert!(g.starts_with(e), "{g} should start with {e}");
+        }
+    }
+
     #[test]
     fn every_problem_has_its_path_and_line() {
         let text = "\
@@ -479,10 +487,7 @@ kafka:
             "t.yaml:19: runtime.transaction_timeout_ms: ",
             "t.yaml:22: kafka.consumer.isolation.level: ",
         ];
-        assert_eq!(got.len(), expected_starts.len(), "{got:#?}");
-        for (g, e) in got.iter().zip(expected_starts) {
-            assert!(g.starts_with(e), "{g} should start with {e}");
-        }
+        assert_starts(&got, &expected_starts);
     }
 
     #[test]
@@ -535,10 +540,7 @@ kafka:
             "t.yaml:11: runtime.max_attempts: ",
             "t.yaml:14: kafka.consumer.isolation.level: ",
         ];
-        assert_eq!(got.len(), expected_starts.len(), "{got:#?}");
-        for (g, e) in got.iter().zip(expected_starts) {
-            assert!(g.starts_with(e), "{g} should start with {e}");
-        }
+        assert_starts(&got, &expected_starts);
     }
 
     #[test]
@@ -599,10 +601,7 @@ kafka:
             "t.yaml:11: kafka.producer.linger.ms: librdkafka refuses it for the producer: ",
             "t.yaml:13: kafka.consumer.fetch.max.bytes: librdkafka refuses the consumer's settings: ",
         ];
-        assert_eq!(got.len(), expected_starts.len(), "{got:#?}");
-        for (g, e) in got.iter().zip(expected_starts) {
-            assert!(g.starts_with(e), "{g} should start with {e}");
-        }
+        assert_starts(&got, &expected_starts);
     }
 
     #[test]

@@ -359,6 +359,10 @@ mod tests {
             .collect()
     }
 
+    fn paths(parsed: &Parsed) -> Vec<&str> {
+        parsed.problems.iter().map(|p| p.path.as_str()).collect()
+    }
+
     #[test]
     fn a_clean_file_parses_as_it_would_directly() {
         let text = "name: t\ninputs: [{topic: a, codec: json}]\noutputs: [{topic: b}]\nkafka:\n  producer:\n    linger.ms: 20\n";
@@ -374,9 +378,8 @@ mod tests {
     fn every_type_error_is_reported_and_the_rest_still_parses() {
         let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: b}]\nruntime:\n  commit_interval_ms: -5\n  max_attempts: lots\n  on_error: explode\n";
         let parsed = parse(text);
-        let paths: Vec<&str> = parsed.problems.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
-            paths,
+            paths(&parsed),
             [
                 "runtime.commit_interval_ms",
                 "runtime.max_attempts",
@@ -408,9 +411,8 @@ mod tests {
     fn an_unknown_field_and_an_unknown_processor_do_not_hide_the_others() {
         let text = "name: t\ninputs: [{topic: a, cdec: json}]\npipeline:\n  - filtr: 'true'\n  - filter: 'value.x'\noutputs: [{topic: b}]\nruntime: {commit_interval_ms: x}\n";
         let parsed = parse(text);
-        let paths: Vec<&str> = parsed.problems.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(
-            paths,
+            paths(&parsed),
             [
                 "inputs[0].cdec",
                 "pipeline[0]",
