@@ -236,6 +236,8 @@ struct Job<'t> {
     paused: Paused,
     /// What the pipeline made of the record at hand: (output index, record).
     produced: Vec<(usize, Record)>,
+    /// Its Kafka outputs with their topics (kept to reuse the allocation).
+    outputs: Vec<(&'t str, Record)>,
     skipped: u64,
     consumed: u64,
     first_record: Option<Instant>,
@@ -290,6 +292,7 @@ impl<'t> Job<'t> {
             injected_failures: options.transient_failures,
             paused: Paused::default(),
             produced: Vec::new(),
+            outputs: Vec::new(),
             skipped: 0,
             consumed: 0,
             first_record: None,
@@ -355,7 +358,7 @@ impl<'t> Job<'t> {
                 result.as_ref().map(|_| ()),
                 attempt,
                 &self.policy,
-                rand::random(),
+                rand::random::<f64>,
             ) {
                 Outcome::Retry { delay } => {
                     // The open transaction commits first, so it is not held open while
@@ -436,12 +439,14 @@ impl<'t> Job<'t> {
             Outcome::Retry { .. } => Ok(()),
             Outcome::Output => {
                 // Outputs without a topic are sinks, staged already.
-                let outputs: Vec<(&str, Record)> = self
-                    .produced
-                    .drain(..)
-                    .filter_map(|(index, r)| Some((self.topics.get(index).copied().flatten()?, r)))
-                    .collect();
-                let _ = txn.add(consumer, &origin, consumed_bytes, &outputs)?;
+                let topics = &self.topics;
+                self.outputs.clear();
+                self.outputs.extend(
+                    self.produced
+                        .drain(..)
+                        .filter_map(|(index, r)| Some((topics.get(index).copied().flatten()?, r))),
+                );
+                let _ = txn.add(consumer, &origin, consumed_bytes, &self.outputs)?;
                 Ok(())
             }
             Outcome::Pause { for_ } => {

@@ -42,12 +42,13 @@ pub enum Outcome {
 }
 
 /// Decides what becomes of a record after its `attempt`-th attempt (1-based) gave `result`.
-/// `jitter` in [0, 1) spreads the retries of instances failing together.
+/// `jitter` draws a number in [0, 1) that spreads the retries of instances failing together;
+/// it is called only for a retry, so the common path draws nothing.
 pub fn decide(
     result: Result<(), &RecordError>,
     attempt: u32,
     policy: &Policy,
-    jitter: f64,
+    jitter: impl FnOnce() -> f64,
 ) -> Outcome {
     let error = match result {
         Ok(()) => return Outcome::Output,
@@ -56,7 +57,7 @@ pub fn decide(
     if !error.is_permanent() {
         if policy.backoff.may_retry(attempt) {
             return Outcome::Retry {
-                delay: policy.backoff.delay(attempt, jitter),
+                delay: policy.backoff.delay(attempt, jitter()),
             };
         }
         if policy.on_exhausted == OnExhausted::Pause {
@@ -119,10 +120,14 @@ mod tests {
                 for attempt in 1..=4 {
                     let what = format!("{on_error:?} {on_exhausted:?} attempt {attempt}");
                     // Success always writes the outputs.
-                    assert_eq!(decide(Ok(()), attempt, &p, 0.5), Outcome::Output, "{what}");
+                    assert_eq!(
+                        decide(Ok(()), attempt, &p, || 0.5),
+                        Outcome::Output,
+                        "{what}"
+                    );
                     // A permanent failure goes the way on_error says, at once.
                     assert_eq!(
-                        decide(Err(&permanent), attempt, &p, 0.5),
+                        decide(Err(&permanent), attempt, &p, || 0.5),
                         as_on_error(on_error, &permanent),
                         "{what}"
                     );
@@ -140,7 +145,7 @@ mod tests {
                         as_on_error(on_error, &transient)
                     };
                     assert_eq!(
-                        decide(Err(&transient), attempt, &p, 0.5),
+                        decide(Err(&transient), attempt, &p, || 0.5),
                         expected,
                         "{what}"
                     );
@@ -161,13 +166,13 @@ mod tests {
             ErrorKind::Rejected,
         ] {
             assert_eq!(
-                decide(Err(&error(kind)), 1, &p, 0.0),
+                decide(Err(&error(kind)), 1, &p, || 0.0),
                 Outcome::DeadLetter(error(kind)),
                 "{kind:?}"
             );
         }
         assert!(matches!(
-            decide(Err(&error(ErrorKind::Unavailable)), 1, &p, 0.0),
+            decide(Err(&error(ErrorKind::Unavailable)), 1, &p, || 0.0),
             Outcome::Retry { .. }
         ));
     }
@@ -177,13 +182,13 @@ mod tests {
         let p = policy(OnError::DeadLetter, OnExhausted::DeadLetter);
         let e = error(ErrorKind::Unavailable);
         assert_eq!(
-            decide(Err(&e), 1, &p, 0.0),
+            decide(Err(&e), 1, &p, || 0.0),
             Outcome::Retry {
                 delay: Duration::from_millis(50)
             }
         );
         assert_eq!(
-            decide(Err(&e), 2, &p, 0.999_999),
+            decide(Err(&e), 2, &p, || 0.999_999),
             Outcome::Retry {
                 delay: p.backoff.delay(2, 0.999_999)
             }
@@ -195,6 +200,6 @@ mod tests {
         let mut p = policy(OnError::Skip, OnExhausted::DeadLetter);
         p.backoff.max_attempts = 1;
         let e = error(ErrorKind::Unavailable);
-        assert_eq!(decide(Err(&e), 1, &p, 0.0), Outcome::Skip(e));
+        assert_eq!(decide(Err(&e), 1, &p, || 0.0), Outcome::Skip(e));
     }
 }
