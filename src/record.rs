@@ -48,6 +48,9 @@ pub enum ErrorKind {
     /// An output outside Kafka refused the record's row: a constraint it violates, or a value
     /// that does not fit its column.
     Rejected,
+    /// An output with `on_sequence_gap: dead_letter` met a sequence that does not follow the
+    /// stored one: the sequences between are missing.
+    SequenceGap,
 }
 
 impl ErrorKind {
@@ -59,7 +62,8 @@ impl ErrorKind {
             | ErrorKind::WrongType
             | ErrorKind::Expression
             | ErrorKind::TooLarge
-            | ErrorKind::Rejected => true,
+            | ErrorKind::Rejected
+            | ErrorKind::SequenceGap => true,
             ErrorKind::Unavailable => false,
         }
     }
@@ -74,6 +78,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => "too_large",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Rejected => "rejected",
+            ErrorKind::SequenceGap => "sequence_gap",
         }
     }
 }

@@ -1219,3 +1219,322 @@ fn connections_are_encrypted_and_the_server_verified_as_the_url_says() {
         );
     }
 }
+
+// --- Sequence gaps ----------------------------------------------------------------------------
+
+/// A table of one sequenced row per id.
+fn sequenced_table(db: &Db, prefix: &str) -> String {
+    let table = table_name(prefix);
+    db.exec(&format!(
+        "CREATE TABLE {table} (id bigint PRIMARY KEY, seq integer NOT NULL, note text NOT NULL)"
+    ));
+    table
+}
+
+fn sequenced_columns(policy: &str) -> String {
+    format!(
+        "      id_columns: [id]\n      sequence_column: seq\n      on_sequence_gap: {policy}\n      columns: {{id: id, seq: seq, note: note}}\n      batch_size: 150\n"
+    )
+}
+
+fn seq_event(id: u64, seq: u64) -> Value {
+    json!({"id": id, "seq": seq, "note": format!("{id}-{seq}")})
+}
+
+/// The table's (sequence, note) per id.
+fn sequenced_rows(db: &Db, table: &str) -> BTreeMap<u64, (u64, String)> {
+    db.query(&format!("SELECT id, seq, note FROM {table}"))
+        .iter()
+        .map(|r| {
+            (
+                r.get::<_, i64>(0) as u64,
+                (r.get::<_, i32>(1) as u64, r.get(2)),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn sink_finds_sequence_gaps_against_the_row_and_within_the_batch() {
+    let _serial = serial();
+    let db = Db::connect();
+    let table = sequenced_table(&db, "seqsink");
+    let config = sink_config(&table, &sequenced_columns("dead_letter"));
+    let mut sink =
+        PostgresSink::connect_url(&unique("seqsink"), "db", &config, &pg_url()).expect("sink");
+    let refused = |e: &onceflow::sink::SinkError| -> Vec<(i64, String)> {
+        e.all()
+            .map(|e| {
+                let failure = e.failure();
+                assert_eq!(failure.kind.name(), "sequence_gap", "{e}");
+                (e.origin.as_ref().expect("origin").offset, failure.message)
+            })
+            .collect()
+    };
+
+    // id 1: 1, 3, 2 sorted within the batch: no gap. id 2: a first event past 1. id 3: 1, 3, 4:
+    // 3 follows a hole and 4 comes after it, so both are refused; nothing is written.
+    for (offset, id, seq) in [
+        (0, 1, 1),
+        (1, 1, 3),
+        (2, 1, 2),
+        (3, 2, 2),
+        (4, 3, 1),
+        (5, 3, 3),
+        (6, 3, 4),
+    ] {
+        sink.stage(&rec(offset, seq_event(id, seq))).unwrap();
+    }
+    let e = sink.flush(far()).expect_err("gaps refused");
+    assert_eq!(e.kind, SinkErrorKind::Permanent);
+    assert_eq!(
+        refused(&e),
+        vec![
+            (3, "sequence gap: id [2] has sequence 2 after 0 (missing 1) (on_sequence_gap: dead_letter)".into()),
+            (5, "sequence gap: id [3] has sequence 3 after 1 (missing 2) (on_sequence_gap: dead_letter)".into()),
+            (6, "sequence gap: id [3] has sequence 4 after 1 (missing 2..3) (on_sequence_gap: dead_letter)".into()),
+        ]
+    );
+    assert!(sequenced_rows(&db, &table).is_empty());
+
+    // Without the refused records the batch applies.
+    sink.discard();
+    for (offset, id, seq) in [(0, 1, 1), (1, 1, 3), (2, 1, 2), (4, 3, 1)] {
+        sink.stage(&rec(offset, seq_event(id, seq))).unwrap();
+    }
+    assert!(sink.flush(far()).unwrap());
+    let rows = sequenced_rows(&db, &table);
+    assert_eq!(rows[&1], (3, "1-3".into()));
+    assert_eq!(rows[&3], (1, "3-1".into()));
+
+    // Against the stored row: an older or equal sequence is ignored, one past the next is a gap.
+    sink.stage(&rec(7, seq_event(1, 2))).unwrap();
+    sink.stage(&rec(8, seq_event(1, 3))).unwrap();
+    sink.stage(&rec(9, seq_event(1, 5))).unwrap();
+    let e = sink.flush(far()).expect_err("gap against the row");
+    assert_eq!(refused(&e).iter().map(|r| r.0).collect::<Vec<_>>(), vec![9]);
+    sink.discard();
+    sink.stage(&rec(7, seq_event(1, 2))).unwrap();
+    sink.stage(&rec(10, seq_event(1, 4))).unwrap();
+    assert!(sink.flush(far()).unwrap());
+    assert_eq!(sequenced_rows(&db, &table)[&1], (4, "1-4".into()));
+
+    // The gap filled, the refused records apply (as a dead-letter replay would).
+    for (offset, id, seq) in [(11, 3, 2), (5, 3, 3), (6, 3, 4), (9, 1, 5), (3, 2, 2)] {
+        let offset = if offset < 11 { offset + 100 } else { offset };
+        sink.stage(&rec(offset, seq_event(id, seq))).unwrap();
+    }
+    let e = sink.flush(far()).expect_err("id 2 still misses 1");
+    assert_eq!(
+        refused(&e).iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![103]
+    );
+    sink.discard();
+    for (offset, id, seq) in [(11, 3, 2), (105, 3, 3), (106, 3, 4), (109, 1, 5)] {
+        sink.stage(&rec(offset, seq_event(id, seq))).unwrap();
+    }
+    assert!(sink.flush(far()).unwrap());
+    let rows = sequenced_rows(&db, &table);
+    assert_eq!((rows[&1].0, rows[&3].0, rows.get(&2)), (5, 4, None));
+
+    // With `fail` a gap is fatal, naming the record; with `apply` it is written.
+    let fail = sink_config(&table, &sequenced_columns("fail"));
+    let mut sink =
+        PostgresSink::connect_url(&unique("seqfail"), "db", &fail, &pg_url()).expect("sink");
+    sink.stage(&rec(0, seq_event(3, 7))).unwrap();
+    let e = sink.flush(far()).expect_err("fatal gap");
+    assert_eq!(e.kind, SinkErrorKind::Fatal);
+    assert!(
+        e.to_string().contains("record orders[0]@0: sequence gap: id [3] has sequence 7 after 4 (missing 5..6) (on_sequence_gap: fail)"),
+        "{e}"
+    );
+    sink.discard();
+    let apply = sink_config(&table, &sequenced_columns("apply"));
+    let mut sink =
+        PostgresSink::connect_url(&unique("seqapply"), "db", &apply, &pg_url()).expect("sink");
+    sink.stage(&rec(0, seq_event(3, 7))).unwrap();
+    sink.stage(&rec(1, seq_event(2, 3))).unwrap();
+    assert!(sink.flush(far()).unwrap());
+    let rows = sequenced_rows(&db, &table);
+    assert_eq!((rows[&3].0, rows[&2].0), (7, 3));
+}
+
+/// The events of the sequence-gap job tests: ids 0..200, sequences 1..=5 each, minus the
+/// holes; copies of earlier events of an id (duplicates and late older ones) after them; the
+/// ids interleaved at random, each id's first occurrences in increasing order (one partition
+/// per id: its order is kept).
+fn gap_events() -> (Vec<(String, Value)>, BTreeMap<u64, u64>) {
+    let mut rng = rand::rng();
+    let mut holes: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut queues: Vec<Vec<(String, Value)>> = Vec::new();
+    for id in 0..200u64 {
+        let hole = match (id % 10, id % 25) {
+            (3, _) => Some(3),
+            (_, 7) => Some(1),
+            _ if id % 40 == 11 => Some(4),
+            _ => None,
+        };
+        if let Some(h) = hole {
+            holes.insert(id, h);
+        }
+        let mut sent: Vec<u64> = Vec::new();
+        let mut queue = Vec::new();
+        for seq in (1..=5u64).filter(|s| Some(*s) != hole) {
+            queue.push((id.to_string(), seq_event(id, seq)));
+            sent.push(seq);
+            if rng.random_bool(0.3) {
+                let again = sent[rng.random_range(0..sent.len())];
+                queue.push((id.to_string(), seq_event(id, again)));
+            }
+        }
+        queue.reverse();
+        queues.push(queue);
+    }
+    let mut events = Vec::new();
+    while !queues.is_empty() {
+        let i = rng.random_range(0..queues.len());
+        match queues[i].pop() {
+            Some(e) => events.push(e),
+            None => {
+                queues.swap_remove(i);
+            }
+        }
+    }
+    (events, holes)
+}
+
+/// `GET` on the metrics endpoint; the sum of the samples of `name` with `label`.
+fn scrape(addr: &str, name: &str, label: &str) -> Option<f64> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nhost: test\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let mut found = None;
+    for line in out.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (series_name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if series_name == name && labels.contains(label) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+        }
+    }
+    found
+}
+
+#[test]
+fn sequence_gaps_are_counted_dead_lettered_or_stop_the_job_as_on_sequence_gap_says() {
+    let _serial = serial();
+    let db = Db::connect();
+    let input = unique("gaps-in");
+    create_topics(&[&input], 2);
+    let (events, holes) = gap_events();
+    assert_eq!(holes.len(), 20 + 8 + 5);
+    produce_json(&input, &events, None);
+    let n = events.len() as i64;
+    let seq_of = |v: &Value| v["seq"].as_u64().expect("seq");
+    let id_of = |v: &Value| v["id"].as_u64().expect("id");
+
+    // apply: every id at its last sequence; one missing sequence counted per hole.
+    let table = sequenced_table(&db, "gapsapply");
+    let job_apply = job(
+        "gapsapply",
+        &input,
+        &pg_output("seqs", &table, &sequenced_columns("apply")),
+        "",
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let child = Child::spawn(&job_apply, &[], &["--metrics-addr", &addr]);
+    let group = format!("onceflow.{}", job_apply.name);
+    let done = wait_until(Duration::from_secs(120), || {
+        committed_offsets(&group, &input, 2).iter().sum::<i64>() == n
+    });
+    let counted = scrape(&addr, "onceflow_sequence_gaps_total", "output=\"seqs\"");
+    let log = child.stderr();
+    child.terminate();
+    assert!(done, "the job did not consume everything:\n{log}");
+    assert_eq!(counted, Some(holes.len() as f64), "{log}");
+    assert!(log.contains("sequence gap"), "{log}");
+    let expected: BTreeMap<u64, (u64, String)> =
+        (0..200).map(|id| (id, (5, format!("{id}-5")))).collect();
+    assert_eq!(sequenced_rows(&db, &table), expected);
+
+    // dead_letter: every record of an id from its hole on goes to the dead-letter topic, and
+    // the row stays before the hole (none for a hole at 1).
+    let table = sequenced_table(&db, "gapsdlq");
+    let job_dlq = job(
+        "gapsdlq",
+        &input,
+        &pg_output("seqs", &table, &sequenced_columns("dead_letter")),
+        "",
+    );
+    let dlq_topic = format!("{}.dlq", job_dlq.name);
+    create_topics(&[&dlq_topic], 1);
+    let child = Child::spawn(&job_dlq, &[], &[]);
+    let group = format!("onceflow.{}", job_dlq.name);
+    let done = wait_until(Duration::from_secs(120), || {
+        committed_offsets(&group, &input, 2).iter().sum::<i64>() == n
+    });
+    let log = child.stderr();
+    child.terminate();
+    assert!(done, "the job did not consume everything:\n{log}");
+    let mut expected_letters: Vec<(u64, u64)> = events
+        .iter()
+        .map(|(_, v)| (id_of(v), seq_of(v)))
+        .filter(|(id, seq)| holes.get(id).is_some_and(|h| seq > h))
+        .collect();
+    expected_letters.sort();
+    let letters = read_records(&dlq_topic, 1, "read_committed");
+    let mut lettered: Vec<(u64, u64)> = letters
+        .iter()
+        .map(|r| {
+            let v: Value = serde_json::from_str(r.value.as_deref().expect("value")).expect("json");
+            (id_of(&v), seq_of(&v))
+        })
+        .collect();
+    lettered.sort();
+    assert_eq!(lettered, expected_letters);
+    for letter in &letters {
+        let meta = |k: &str| letter.headers.get(k).map_or("", String::as_str);
+        assert_eq!(meta(onceflow::dlq::H_KIND), "sequence_gap");
+        assert_eq!(meta(onceflow::dlq::H_STAGE), "outputs[0] (seqs)");
+    }
+    let expected: BTreeMap<u64, (u64, String)> = (0..200)
+        .filter_map(|id| {
+            let last = holes.get(&id).map_or(5, |h| h - 1);
+            (last > 0).then(|| (id, (last, format!("{id}-{last}"))))
+        })
+        .collect();
+    assert_eq!(sequenced_rows(&db, &table), expected);
+
+    // fail: the job stops naming a record past a hole; nothing past a hole is written.
+    let table = sequenced_table(&db, "gapsfail");
+    let job_fail = job(
+        "gapsfail",
+        &input,
+        &pg_output("seqs", &table, &sequenced_columns("fail")),
+        "",
+    );
+    let mut child = Child::spawn(&job_fail, &[], &[]);
+    let status = child.wait(Duration::from_secs(120));
+    let log = child.stderr();
+    assert!(!status.success(), "the job must stop on a gap:\n{log}");
+    for part in [
+        format!("record {input}["),
+        "(on_sequence_gap: fail)".to_string(),
+    ] {
+        assert!(log.contains(&part), "missing `{part}` in:\n{log}");
+    }
+    for (id, (seq, _)) in sequenced_rows(&db, &table) {
+        assert!(
+            holes.get(&id).is_none_or(|h| seq < *h),
+            "id {id} at {seq} past its hole"
+        );
+    }
+}

@@ -164,6 +164,7 @@ mod tests {
             ErrorKind::Expression,
             ErrorKind::TooLarge,
             ErrorKind::Rejected,
+            ErrorKind::SequenceGap,
         ] {
             assert_eq!(
                 decide(Err(&error(kind)), 1, &p, || 0.0),

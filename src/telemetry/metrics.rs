@@ -34,6 +34,7 @@ pub const BROKER_RTT: &str = "onceflow_kafka_broker_rtt_seconds";
 pub const BROKER_UP: &str = "onceflow_kafka_broker_up";
 pub const CLIENT_QUEUE_MESSAGES: &str = "onceflow_kafka_client_queue_messages";
 pub const INBOX_DUPLICATES: &str = "onceflow_inbox_duplicates_absorbed_total";
+pub const SEQUENCE_GAPS: &str = "onceflow_sequence_gaps_total";
 
 /// Every metric with its help text, for `/metrics` and the README.
 pub const CATALOGUE: &[(&str, &str)] = &[
@@ -109,6 +110,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         INBOX_DUPLICATES,
         "Messages a PostgreSQL output had applied before, absorbed by its inbox, by output.",
+    ),
+    (
+        SEQUENCE_GAPS,
+        "Sequences missing before rows a PostgreSQL output applied (on_sequence_gap: apply), by output.",
     ),
 ];
 

@@ -287,6 +287,30 @@ pub fn inbox_duplicates_absorbed(output: &str, count: u64) {
     }
 }
 
+/// Gaps logged one by one per batch at most; the rest are counted in one line.
+const GAPS_LOGGED: usize = 100;
+
+/// A PostgreSQL output applied rows that follow missing sequences (`on_sequence_gap:
+/// apply`): `missing` sequences in all, and each id with its missing range.
+pub fn sequence_gaps<'a>(
+    output: &str,
+    missing: u64,
+    gaps: impl IntoIterator<Item = (&'a str, String)>,
+) {
+    counter!(m::SEQUENCE_GAPS, "output" => output.to_string()).increment(missing);
+    let mut more = 0u64;
+    for (i, (id, range)) in gaps.into_iter().enumerate() {
+        if i < GAPS_LOGGED {
+            warn!(output, id, missing = %range, "sequence gap: applied a record past missing sequences");
+        } else {
+            more += 1;
+        }
+    }
+    if more > 0 {
+        warn!(output, gaps = more, "sequence gap: more gaps in this batch");
+    }
+}
+
 /// A participant (a database) refused a record's row (the batch committed nothing): the
 /// Kafka transaction is aborted and redone, and the record handled as a failed one when it
 /// comes again.

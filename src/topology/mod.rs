@@ -1068,6 +1068,52 @@ mod postgres_tests {
     }
 
     #[test]
+    fn a_sequence_column_is_mapped_and_orders_alone() {
+        let base = "name: t\ninputs: [{topic: in}]\noutputs:\n  - name: db\n    postgres:\n      url_env: U\n      table: t\n      id_columns: [id]\n      columns: {id: id, seq: seq, n: n}\n";
+        let ok = format!("{base}      sequence_column: seq\n      on_sequence_gap: dead_letter\n");
+        let t = Topology::parse(&ok, "t.yaml").unwrap();
+        let (_, pg) = t.postgres_outputs().next().unwrap();
+        assert_eq!(pg.ordering_column(), Some("seq"));
+        assert_eq!(
+            pg.on_sequence_gap(),
+            super::postgres::OnSequenceGap::DeadLetter
+        );
+        let issues = |extra: &str| -> Vec<String> {
+            match Topology::parse(&format!("{base}{extra}"), "t.yaml") {
+                Err(TopologyError::Invalid { issues, .. }) => {
+                    issues.iter().map(|i| i.path.clone()).collect()
+                }
+                other => panic!("expected validation errors: {other:?}"),
+            }
+        };
+        let at = "outputs[0].postgres";
+        assert_eq!(
+            issues("      sequence_column: seq\n      version_column: n\n"),
+            vec![format!("{at}.sequence_column")]
+        );
+        assert_eq!(
+            issues("      sequence_column: nope\n      increment_columns: [n]\n"),
+            vec![
+                format!("{at}.sequence_column"),
+                format!("{at}.sequence_column")
+            ]
+        );
+        assert_eq!(
+            issues("      sequence_column: id\n"),
+            vec![format!("{at}.sequence_column")]
+        );
+        assert_eq!(
+            issues("      on_sequence_gap: fail\n"),
+            vec![format!("{at}.on_sequence_gap")]
+        );
+        let bad = Topology::parse(
+            &format!("{base}      sequence_column: seq\n      on_sequence_gap: skip\n"),
+            "t.yaml",
+        );
+        assert!(bad.is_err());
+    }
+
+    #[test]
     fn the_example_topology_is_valid() {
         let text = include_str!("../../topologies/orders-postgres.yaml");
         let t = Topology::parse(text, "topologies/orders-postgres.yaml").unwrap();

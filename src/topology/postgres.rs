@@ -25,6 +25,14 @@ pub struct PostgresOutput {
     /// with a greater version, so a late older record never overwrites newer state.
     #[serde(default)]
     pub version_column: Option<String>,
+    /// Column holding the record's sequence: consecutive integers per id (1, 2, 3...), which
+    /// order the records as a version does (an older or equal sequence is ignored) and show
+    /// the records missing between two of them. Not combinable with `version_column`.
+    #[serde(default)]
+    pub sequence_column: Option<String>,
+    /// What a sequence that does not follow the stored one does (default `apply`).
+    #[serde(default)]
+    pub on_sequence_gap: Option<OnSequenceGap>,
     /// Column name -> field path in the record's JSON value (`customer.id` reads a nested
     /// field). `$key`, `$topic`, `$partition`, `$offset` and `$timestamp` read the Kafka
     /// record's key (as text) and coordinates instead. Values are cast by PostgreSQL to the
@@ -58,6 +66,31 @@ pub struct PostgresOutput {
     pub inbox_cleanup_interval_secs: u64,
 }
 
+/// What a `postgres` output does with a record whose sequence is not the next one of its id
+/// (the sequences between are missing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnSequenceGap {
+    /// Apply it, count the missing sequences and log them with the id.
+    #[default]
+    Apply,
+    /// Refuse the record (kind `sequence_gap`): it goes the way `runtime.on_error` says, by
+    /// default to the dead-letter topic, and the row stays as it is.
+    DeadLetter,
+    /// Stop the job naming the record; nothing of its batch commits.
+    Fail,
+}
+
+impl OnSequenceGap {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnSequenceGap::Apply => "apply",
+            OnSequenceGap::DeadLetter => "dead_letter",
+            OnSequenceGap::Fail => "fail",
+        }
+    }
+}
+
 /// The identity of a message in the inbox, when it is not its Kafka coordinates.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -85,6 +118,18 @@ fn default_inbox_cleanup_interval_secs() -> u64 {
 pub const RECORD_FIELDS: &[&str] = &["$key", "$topic", "$partition", "$offset", "$timestamp"];
 
 impl PostgresOutput {
+    /// The column that orders the records of an id: the version or the sequence column.
+    pub fn ordering_column(&self) -> Option<&str> {
+        self.version_column
+            .as_deref()
+            .or(self.sequence_column.as_deref())
+    }
+
+    /// What a sequence gap does.
+    pub fn on_sequence_gap(&self) -> OnSequenceGap {
+        self.on_sequence_gap.unwrap_or_default()
+    }
+
     /// Every problem of this section; `at` is its path (`outputs[2].postgres`).
     pub fn validate(&self, at: &str, issues: &mut Vec<ConfigIssue>) {
         let mut issue = |field: &str, message: String| {
@@ -97,6 +142,7 @@ impl PostgresOutput {
         self.validate_columns(&mut issue);
         self.validate_id_columns(&mut issue);
         self.validate_version_column(&mut issue);
+        self.validate_sequence_column(&mut issue);
         self.validate_increment_columns(&mut issue);
         self.validate_record_fields(&mut issue);
         self.validate_limits(&mut issue);
@@ -181,6 +227,45 @@ impl PostgresOutput {
             if self.id_columns.contains(version) {
                 issue("version_column", "must not be one of the id columns".into());
             }
+        }
+    }
+
+    /// The sequence column, and what it cannot be combined with.
+    fn validate_sequence_column(&self, issue: &mut dyn FnMut(&str, String)) {
+        let Some(sequence) = &self.sequence_column else {
+            if self.on_sequence_gap.is_some() {
+                issue(
+                    "on_sequence_gap",
+                    "needs sequence_column (the column holding each id's sequence)".into(),
+                );
+            }
+            return;
+        };
+        if !self.columns.contains_key(sequence) {
+            issue(
+                "sequence_column",
+                format!("`{sequence}` is not mapped in `columns`"),
+            );
+        }
+        if self.id_columns.contains(sequence) {
+            issue(
+                "sequence_column",
+                "must not be one of the id columns".into(),
+            );
+        }
+        if self.version_column.is_some() {
+            issue(
+                "sequence_column",
+                "cannot be combined with version_column (the sequence orders the records as a version does)"
+                    .into(),
+            );
+        }
+        if !self.increment_columns.is_empty() {
+            issue(
+                "sequence_column",
+                "cannot be combined with increment_columns (a counter has no latest sequence)"
+                    .into(),
+            );
         }
     }
 

@@ -95,7 +95,7 @@ impl Mapping {
             .iter()
             .enumerate()
             .filter(|(_, (c, _))| {
-                config.id_columns.contains(c) || config.version_column.as_ref() == Some(c)
+                config.id_columns.contains(c) || config.ordering_column() == Some(c.as_str())
             })
             .map(|(i, _)| i)
             .collect();

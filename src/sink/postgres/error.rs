@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use super::batch::RecordError;
+use super::gaps::Gap;
 use crate::sink::SinkErrorKind;
+use crate::topology::postgres::OnSequenceGap;
 
 /// Why a PostgreSQL output failed.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +27,9 @@ pub enum PostgresError {
     Timeout(Duration),
     #[error("the batch fails as a whole but none of its records does alone: {0}")]
     NotIsolated(Box<PostgresError>),
+    /// A record's sequence does not follow its id's, and `on_sequence_gap` is not `apply`.
+    #[error("{gap} (on_sequence_gap: {})", .policy.as_str())]
+    SequenceGap { gap: Gap, policy: OnSequenceGap },
 }
 
 impl PostgresError {
@@ -35,6 +40,12 @@ impl PostgresError {
         match self {
             PostgresError::Timeout(_) => SinkErrorKind::Transient,
             PostgresError::Record(_) => SinkErrorKind::Permanent,
+            // `fail` stops the job whatever runtime.on_error says; `dead_letter` refuses the
+            // record, which then goes the way runtime.on_error says.
+            PostgresError::SequenceGap { policy, .. } => match policy {
+                OnSequenceGap::Fail => SinkErrorKind::Fatal,
+                OnSequenceGap::Apply | OnSequenceGap::DeadLetter => SinkErrorKind::Permanent,
+            },
             PostgresError::Db(e) => match e.code() {
                 Some(code) => kind_of_sqlstate(code.code()),
                 None if is_connection_error(e) => SinkErrorKind::Transient,
@@ -67,6 +78,7 @@ impl crate::sink::SinkCause for PostgresError {
             PostgresError::Record(RecordError::Missing { .. } | RecordError::NoEventId(_)) => {
                 ErrorKind::MissingField
             }
+            PostgresError::SequenceGap { .. } => ErrorKind::SequenceGap,
             _ => ErrorKind::Rejected,
         }
     }
@@ -191,5 +203,30 @@ mod tests {
             PostgresError::Timeout(Duration::from_secs(1)).kind(),
             SinkErrorKind::Transient
         );
+    }
+
+    #[test]
+    fn a_sequence_gap_is_the_records_fault_or_stops_the_job() {
+        use crate::record::ErrorKind;
+        use crate::sink::SinkCause;
+        let gap = |policy| PostgresError::SequenceGap {
+            gap: Gap {
+                row: 0,
+                id: "[7]".into(),
+                from: 3,
+                to: 4,
+            },
+            policy,
+        };
+        let refused = gap(OnSequenceGap::DeadLetter);
+        assert_eq!(refused.kind(), SinkErrorKind::Permanent);
+        assert_eq!(refused.record_kind(), ErrorKind::SequenceGap);
+        assert_eq!(ErrorKind::SequenceGap.name(), "sequence_gap");
+        assert!(ErrorKind::SequenceGap.is_permanent());
+        assert_eq!(
+            refused.to_string(),
+            "sequence gap: id [7] has sequence 5 after 2 (missing 3..4) (on_sequence_gap: dead_letter)"
+        );
+        assert_eq!(gap(OnSequenceGap::Fail).kind(), SinkErrorKind::Fatal);
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod batch;
 pub mod error;
+pub mod gaps;
 pub mod sql;
 pub mod tls;
 
@@ -29,7 +30,7 @@ use super::{SinkError, SinkErrorKind};
 use crate::record::{Origin, Record};
 use crate::retry::Retries;
 use crate::telemetry;
-use crate::topology::postgres::PostgresOutput;
+use crate::topology::postgres::{OnSequenceGap, PostgresOutput};
 
 /// How long the job keeps trying to reach the database when it starts.
 const STARTUP_RETRY: Duration = Duration::from_secs(30);
@@ -49,7 +50,7 @@ const SERVER: &str = "SELECT coalesce(host(inet_server_addr()), 'local') || ':' 
 const BEGIN: &str = "BEGIN; SET CONSTRAINTS ALL IMMEDIATE";
 
 /// What a committed batch did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Applied {
     /// Distinct messages in the batch.
     pub messages: u64,
@@ -59,6 +60,8 @@ pub struct Applied {
     pub upserted: u64,
     /// Rows deleted.
     pub deleted: u64,
+    /// Rows that follow missing sequences (with a sequence column).
+    pub gaps: Vec<gaps::Gap>,
 }
 
 /// An open connection with its prepared batch statements.
@@ -211,7 +214,7 @@ impl PostgresSink {
             let _task = AbortOnDrop(Some(task));
             let (target, types) = inspect(&client, config).await?;
             let server: String = client.query_one(SERVER, &[]).await?.get(0);
-            let markers = config.delete_when.is_some() && config.version_column.is_some();
+            let markers = config.delete_when.is_some() && config.ordering_column().is_some();
             // Create only what is missing: a user without the right to create tables can
             // run on tables made for it beforehand.
             let mut needed = vec![config.inbox_table.clone()];
@@ -379,8 +382,32 @@ impl PostgresSink {
                 },
             }
         };
+        let policy = self.config.on_sequence_gap();
+        if applied.gaps.is_empty() || policy == OnSequenceGap::Apply {
+            self.applied = Some((applied, started));
+            return Ok(true);
+        }
+        // The rows stay as they are: nothing of the batch commits.
+        let gaps = applied.gaps.clone();
         self.applied = Some((applied, started));
-        Ok(true)
+        self.rollback();
+        Err(self.refuse_gaps(gaps, policy))
+    }
+
+    /// The records behind the gaps of a batch, refused (the first in the error, the others in
+    /// its `also`): one refusal per record, at its first gap.
+    fn refuse_gaps(&self, gaps: Vec<gaps::Gap>, policy: OnSequenceGap) -> SinkError {
+        let mut errors: Vec<SinkError> = Vec::new();
+        for gap in gaps {
+            let origin = self.staged.origin(gap.row);
+            if !errors.iter().any(|e| e.origin.as_ref() == Some(origin)) {
+                let cause = PostgresError::SequenceGap { gap, policy };
+                errors.push(SinkError::new(&self.output, Some(origin.clone()), cause));
+            }
+        }
+        let mut first = errors.remove(0);
+        first.also = errors;
+        first
     }
 
     /// Commits the batch [`Self::apply`] left open; returns whether there was one. A failure
@@ -415,6 +442,13 @@ impl PostgresSink {
             deleted: applied.deleted,
             took: started.elapsed(),
         });
+        if !applied.gaps.is_empty() {
+            telemetry::sequence_gaps(
+                &self.output,
+                gaps::missing(&applied.gaps),
+                applied.gaps.iter().map(|g| (g.id.as_str(), g.range())),
+            );
+        }
         self.staged.clear();
         self.clean_inbox();
         Ok(true)
@@ -486,8 +520,10 @@ impl PostgresSink {
                 staged,
                 consumer,
                 target,
+                config,
                 ..
             } = &mut *self;
+            let sequenced = config.sequence_column.is_some();
             let Conn {
                 client,
                 apply,
@@ -513,6 +549,11 @@ impl PostgresSink {
                         fresh: count(&row, 0),
                         upserted: count(&row, 1),
                         deleted: count(&row, 2),
+                        gaps: if sequenced {
+                            gaps::parse(&row.try_get::<_, String>(3).unwrap_or_default())
+                        } else {
+                            Vec::new()
+                        },
                     })
                 })
                 .await
@@ -612,7 +653,7 @@ impl PostgresSink {
             return;
         }
         let hours = i32::try_from(self.config.inbox_retention_hours).unwrap_or(i32::MAX);
-        let markers = self.config.delete_when.is_some() && self.config.version_column.is_some();
+        let markers = self.config.delete_when.is_some() && self.config.ordering_column().is_some();
         let inbox_sql = sql::cleanup_inbox(&self.config.inbox_table);
         let markers_sql = sql::cleanup_tombstones(&self.config.inbox_table);
         let (consumer, target) = (self.consumer.clone(), self.target.clone());
@@ -763,6 +804,17 @@ async fn inspect(
                 "column `{column}` is generated and cannot be written"
             )),
             Some(r) => types.push((column.clone(), r.get::<_, String>(1))),
+        }
+    }
+    if let Some(sequence) = &config.sequence_column {
+        let integer = ["smallint", "integer", "bigint"];
+        if let Some((_, t)) = types
+            .iter()
+            .find(|(c, t)| c == sequence && !integer.contains(&t.as_str()))
+        {
+            problems.push(format!(
+                "sequence column `{sequence}` is of type {t}; it must be smallint, integer or bigint"
+            ));
         }
     }
     let mut ids = config.id_columns.clone();

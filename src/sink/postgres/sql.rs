@@ -16,6 +16,13 @@
 //! 5. `upserted`: `INSERT ... ON CONFLICT (ids) DO UPDATE ... WHERE stored version <
 //!    incoming version`, skipping ids deleted at a newer or equal version.
 //!
+//! 6. `stepped`/`gaps`, with a sequence column: the fresh rows newer than the stored sequence
+//!    (of the row, or of its deletion marker), each with the sequence before it in the batch
+//!    (sorted by sequence within the id) or the stored one (0 for an id never seen): a row
+//!    whose sequence is more than one past it follows missing sequences. Under
+//!    `on_sequence_gap: apply` every such row is a gap; otherwise every row from an id's first
+//!    hole on is (the row would stay before the hole), and the sink rolls the batch back.
+//!
 //! Every part sees the same snapshot, and each id appears once in `latest`, so no row is
 //! touched twice.
 //!
@@ -27,7 +34,7 @@
 
 use std::fmt::Write;
 
-use crate::topology::postgres::PostgresOutput;
+use crate::topology::postgres::{OnSequenceGap, PostgresOutput};
 
 /// Quotes an identifier (`"a""b"`).
 pub fn ident(name: &str) -> String {
@@ -130,7 +137,8 @@ pub const UNIQUE_KEYS: &str = "SELECT ARRAY(SELECT a.attname::text FROM unnest(i
 /// the deletion flags (`boolean[]`), then one `text[]` per mapped column in the order of
 /// `config.columns`, then the inbox consumer and, when deletions are versioned, the target's
 /// name for deletion markers. Returns one row: fresh messages (the others were applied
-/// before), rows upserted, rows deleted.
+/// before), rows upserted, rows deleted and, with a sequence column, the gaps as a JSON array
+/// of `[row, id key, first missing, last missing]` (`row` 1-based in the batch).
 ///
 /// `types` gives the type of every mapped column.
 pub fn apply_batch(
@@ -145,6 +153,9 @@ pub fn apply_batch(
     let fresh_rows = statement.fresh(&mut sql, optimistic);
     let source = statement.once(&mut sql, fresh_rows);
     statement.latest(&mut sql, source);
+    if statement.sequence.is_some() {
+        statement.gaps(&mut sql, source);
+    }
     if statement.deletes {
         statement.deleted(&mut sql);
     }
@@ -164,8 +175,10 @@ struct Statement<'c> {
     table: String,
     /// The id columns.
     ids: Vec<String>,
-    /// The version column.
+    /// The version column (or the sequence column, which orders as one).
     version: Option<String>,
+    /// The sequence column.
+    sequence: Option<String>,
     deletes: bool,
     /// Whether deletions leave markers: when they are versioned.
     markers: bool,
@@ -180,7 +193,7 @@ struct Statement<'c> {
 
 impl<'c> Statement<'c> {
     fn new(config: &'c PostgresOutput, target: &str, types: &'c [(String, String)]) -> Self {
-        let version = config.version_column.as_deref().map(ident);
+        let version = config.ordering_column().map(ident);
         let deletes = config.delete_when.is_some();
         let columns: Vec<&String> = config.columns.keys().collect();
         Statement {
@@ -190,6 +203,7 @@ impl<'c> Statement<'c> {
             ids: config.id_columns.iter().map(|c| ident(c)).collect(),
             markers: deletes && version.is_some(),
             version,
+            sequence: config.sequence_column.as_deref().map(ident),
             deletes,
             counters: !config.increment_columns.is_empty(),
             tombstones: qualified(&tombstones_table(&config.inbox_table)),
@@ -209,7 +223,7 @@ impl<'c> Statement<'c> {
 
     /// The version column's type, for comparing stored markers.
     fn version_type(&self) -> &str {
-        self.type_of(self.config.version_column.as_deref().unwrap_or(""))
+        self.type_of(self.config.ordering_column().unwrap_or(""))
     }
 
     /// The ids of row `alias` as one text, the key of its deletion marker.
@@ -314,6 +328,61 @@ impl<'c> Statement<'c> {
             "latest AS (\n  SELECT DISTINCT ON ({on}) b.*{sums}\n  FROM {source}\n  ORDER BY {order}\n)",
             on = prefixed("b", &self.ids),
         );
+    }
+
+    /// `stepped`, `holes` and `gaps`: the rows that follow missing sequences. `source` gives
+    /// the fresh rows.
+    fn gaps(&self, sql: &mut String, source: &str) {
+        let Some(s) = &self.sequence else {
+            return;
+        };
+        let ids = prefixed("b", &self.ids);
+        let matches: Vec<String> = self.ids.iter().map(|c| format!("t.{c} = b.{c}")).collect();
+        let stored = if self.markers {
+            format!(
+                "coalesce(t.{s}::bigint, (SELECT d.version::bigint FROM {tombstones} d \
+                 WHERE d.target = {target_param}::text AND d.id_key = {key}))",
+                tombstones = self.tombstones,
+                target_param = self.target_param,
+                key = self.id_key("b"),
+            )
+        } else {
+            format!("t.{s}::bigint")
+        };
+        let _ = write!(
+            sql,
+            ",\nstepped AS (\n  SELECT b.\"$seq\", {ids}, b.{s}::bigint AS \"$s\", \
+             coalesce(lag(b.{s}::bigint) OVER (PARTITION BY {ids} ORDER BY b.{s}, b.\"$seq\"), \
+             b.\"$stored\", 0) AS \"$prev\"\n  \
+             FROM (SELECT b.*, {stored} AS \"$stored\"\n    \
+             FROM (SELECT b.* FROM {source}) b LEFT JOIN {table} t ON {on}) b\n  \
+             WHERE b.\"$stored\" IS NULL OR b.{s} > b.\"$stored\"\n)",
+            table = self.table,
+            on = matches.join(" AND "),
+        );
+        let key = self.id_key("st");
+        if self.config.on_sequence_gap() == OnSequenceGap::Apply {
+            let _ = write!(
+                sql,
+                ",\ngaps AS (\n  SELECT st.\"$seq\" AS \"$row\", {key} AS \"$id\", \
+                 st.\"$prev\" + 1 AS \"$from\", st.\"$s\" - 1 AS \"$to\"\n  \
+                 FROM stepped st WHERE st.\"$s\" > st.\"$prev\" + 1\n)",
+            );
+        } else {
+            let st_ids = prefixed("st", &self.ids);
+            let on: Vec<String> = self.ids.iter().map(|c| format!("h.{c} = st.{c}")).collect();
+            let _ = write!(
+                sql,
+                ",\nholes AS (\n  SELECT DISTINCT ON ({st_ids}) {st_ids}, st.\"$s\" AS \"$hole\", \
+                 st.\"$prev\" AS \"$end\"\n  \
+                 FROM stepped st WHERE st.\"$s\" > st.\"$prev\" + 1\n  \
+                 ORDER BY {st_ids}, st.\"$s\", st.\"$seq\"\n),\n\
+                 gaps AS (\n  SELECT st.\"$seq\" AS \"$row\", {key} AS \"$id\", \
+                 h.\"$end\" + 1 AS \"$from\", st.\"$s\" - 1 AS \"$to\"\n  \
+                 FROM stepped st JOIN holes h ON {on} WHERE st.\"$s\" >= h.\"$hole\"\n)",
+                on = on.join(" AND "),
+            );
+        }
     }
 
     /// `deleted`: the deletions, over an older stored version when versioned.
@@ -425,7 +494,7 @@ impl<'c> Statement<'c> {
         format!("DO UPDATE SET {}{guard}", updates.join(", "))
     }
 
-    /// The row returned: fresh messages, rows upserted, rows deleted.
+    /// The row returned: fresh messages, rows upserted, rows deleted, and the gaps.
     fn counts(&self, sql: &mut String) {
         let _ = write!(
             sql,
@@ -436,6 +505,12 @@ impl<'c> Statement<'c> {
                 "0::bigint"
             }
         );
+        if self.sequence.is_some() {
+            sql.push_str(
+                ",\n  (SELECT coalesce(jsonb_agg(jsonb_build_array(\"$row\", \"$id\", \"$from\", \"$to\") \
+                 ORDER BY \"$row\"), '[]')::text FROM gaps)",
+            );
+        }
     }
 }
 
@@ -588,6 +663,51 @@ mod tests {
         let careful = apply_batch(&c, "sales.orders", &types(), false);
         let tail = |s: &str| s[s.find("upserted AS").unwrap()..].to_string();
         assert_eq!(tail(&sql), tail(&careful));
+    }
+
+    #[test]
+    fn sequences_order_as_versions_and_gaps_are_found_against_the_stored_row() {
+        let sql = apply_batch(
+            &config("      sequence_column: v\n"),
+            "sales.orders",
+            &types(),
+            false,
+        );
+        for part in [
+            "ORDER BY b.\"id\", b.\"v\" DESC NULLS LAST, b.\"$seq\" DESC",
+            "WHERE t.\"v\" < EXCLUDED.\"v\"",
+            "coalesce(lag(b.\"v\"::bigint) OVER (PARTITION BY b.\"id\" ORDER BY b.\"v\", b.\"$seq\"), b.\"$stored\", 0) AS \"$prev\"",
+            "FROM (SELECT b.*, t.\"v\"::bigint AS \"$stored\"\n    FROM (SELECT b.* FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)) b LEFT JOIN \"sales\".\"orders\" t ON t.\"id\" = b.\"id\") b",
+            "WHERE b.\"$stored\" IS NULL OR b.\"v\" > b.\"$stored\"",
+            "SELECT st.\"$seq\" AS \"$row\", jsonb_build_array(st.\"id\")::text AS \"$id\", st.\"$prev\" + 1 AS \"$from\", st.\"$s\" - 1 AS \"$to\"\n  FROM stepped st WHERE st.\"$s\" > st.\"$prev\" + 1",
+            "jsonb_agg(jsonb_build_array(\"$row\", \"$id\", \"$from\", \"$to\") ORDER BY \"$row\"), '[]')::text FROM gaps)",
+        ] {
+            assert!(sql.contains(part), "missing {part}\nin\n{sql}");
+        }
+        assert!(!sql.contains("holes AS"), "{sql}");
+        assert!(!sql.contains("onceflow_tombstones"), "{sql}");
+        let plain = apply_batch(&config(""), "sales.orders", &types(), false);
+        assert!(!plain.contains("stepped"), "{plain}");
+    }
+
+    #[test]
+    fn refused_gaps_run_from_the_first_hole_and_deleted_ids_keep_their_sequence() {
+        let sql = apply_batch(
+            &config(
+                "      sequence_column: v\n      on_sequence_gap: dead_letter\n      delete_when: gone\n",
+            ),
+            "sales.orders",
+            &types(),
+            false,
+        );
+        for part in [
+            "coalesce(t.\"v\"::bigint, (SELECT d.version::bigint FROM \"onceflow_tombstones\" d WHERE d.target = $8::text AND d.id_key = jsonb_build_array(b.\"id\")::text)) AS \"$stored\"",
+            "holes AS (\n  SELECT DISTINCT ON (st.\"id\") st.\"id\", st.\"$s\" AS \"$hole\", st.\"$prev\" AS \"$end\"\n  FROM stepped st WHERE st.\"$s\" > st.\"$prev\" + 1\n  ORDER BY st.\"id\", st.\"$s\", st.\"$seq\"",
+            "h.\"$end\" + 1 AS \"$from\", st.\"$s\" - 1 AS \"$to\"\n  FROM stepped st JOIN holes h ON h.\"id\" = st.\"id\" WHERE st.\"$s\" >= h.\"$hole\"",
+            "WHERE l.\"$del\" AND t.\"id\" = l.\"id\" AND t.\"v\" < l.\"v\"",
+        ] {
+            assert!(sql.contains(part), "missing {part}\nin\n{sql}");
+        }
     }
 
     #[test]
