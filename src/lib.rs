@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! source ──> codec (decode) ──> transform ──> codec (encode) ──> Kafka outputs, dead letters
-//!                                                           └──> sinks (PostgreSQL)
+//!                                                           └──> sinks (PostgreSQL, HTTP)
 //!                       txn: the one owner of every transaction ──┘
 //! ```
 //!
@@ -23,7 +23,8 @@
 //!   and `dlq replay` alike): lazy begin, commit order across
 //!   [participants](txn::Participant), abort and rewind, the error classifier.
 //! * [`sink`]: outputs outside Kafka, made idempotent instead: the [`sink::Sink`] trait and
-//!   [`sink::postgres`], which upserts by id through an inbox table.
+//!   [`sink::postgres`], which upserts by id through an inbox table, and [`sink::http`],
+//!   which calls an endpoint per record with an idempotency key.
 //! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
 //!   to its end, sending with a full queue, admin calls, the embedded cluster of a first run.
 //! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.

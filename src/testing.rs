@@ -286,6 +286,7 @@ fn diff(output: &Output, codec: Codec, expected: &[ExpectedRecord], actual: &[Re
         output.name(),
         match output.target() {
             Some(Target::Topic(topic)) => topic,
+            Some(Target::Http(_)) => "http",
             _ => "postgres",
         },
         expected.len(),

@@ -14,6 +14,7 @@
 //! and the record then goes the way `runtime.on_error` says (by default to the dead-letter
 //! topic, [`SinkError::failure`]); a fatal one stops the job.
 
+pub mod http;
 pub mod postgres;
 
 use std::time::Instant;
@@ -22,6 +23,7 @@ use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::topology::{Target, Topology};
 pub use crate::txn::Severity as SinkErrorKind;
 use crate::txn::{Failure, Participant, ParticipantError, Refusal};
+use http::HttpSink;
 use postgres::{PostgresError, PostgresSink};
 
 /// An output outside Kafka.
@@ -43,7 +45,7 @@ pub trait Sink: Send {
 
 /// What a sink's own error says of itself.
 pub trait SinkCause: std::error::Error + Send + Sync + 'static {
-    /// The kind of sink, for messages: `postgres`.
+    /// The kind of sink, for messages: `postgres`, `http`.
     fn sink(&self) -> &'static str;
     fn severity(&self) -> SinkErrorKind;
     /// The failure of the record at fault, when the error is permanent: a row the database
@@ -203,11 +205,17 @@ pub struct Sinks {
 }
 
 impl Sinks {
-    /// Connects every sink output of the topology (creating inbox tables if missing).
+    /// Connects every sink output of the topology (creating inbox tables if missing) and
+    /// builds the HTTP clients.
     pub fn from_topology(topology: &Topology) -> Result<Sinks, SinkError> {
         let mut sinks = Sinks::default();
         let mut tables: Vec<(String, &str)> = Vec::new();
         for (index, output) in topology.outputs.iter().enumerate() {
+            if let Some(Target::Http(config)) = output.target() {
+                let name = output.name.as_deref().unwrap_or_default();
+                let sink = HttpSink::new(name, config)?;
+                sinks.outputs.push(SinkOutput::new(index, Box::new(sink)));
+            }
             if let Some(Target::Postgres(config)) = output.target() {
                 let name = output.name.as_deref().unwrap_or_default();
                 let sink = PostgresSink::connect(&topology.name, name, config)?;

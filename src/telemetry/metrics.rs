@@ -35,6 +35,9 @@ pub const BROKER_UP: &str = "onceflow_kafka_broker_up";
 pub const CLIENT_QUEUE_MESSAGES: &str = "onceflow_kafka_client_queue_messages";
 pub const INBOX_DUPLICATES: &str = "onceflow_inbox_duplicates_absorbed_total";
 pub const SEQUENCE_GAPS: &str = "onceflow_sequence_gaps_total";
+pub const HTTP_REQUESTS: &str = "onceflow_http_requests_total";
+pub const HTTP_RETRIES: &str = "onceflow_http_retries_total";
+pub const HTTP_DURATION: &str = "onceflow_http_request_duration_seconds";
 
 /// Every metric with its help text, for `/metrics` and the README.
 pub const CATALOGUE: &[(&str, &str)] = &[
@@ -115,6 +118,18 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         SEQUENCE_GAPS,
         "Sequences missing before rows a PostgreSQL output applied (on_sequence_gap: apply), by output.",
     ),
+    (
+        HTTP_REQUESTS,
+        "Requests of an HTTP output, by output and status class (2xx..5xx, or error when no answer came).",
+    ),
+    (
+        HTTP_RETRIES,
+        "Calls of an HTTP output made again after a transient failure, by output.",
+    ),
+    (
+        HTTP_DURATION,
+        "Time from sending a request of an HTTP output to its answer, by output.",
+    ),
 ];
 
 /// Installs the Prometheus recorder with `topology` as a global label. Gauges of partitions
@@ -134,6 +149,14 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
                 metrics_exporter_prometheus::Matcher::Full(TXN_RECORDS.to_string()),
                 &[1.0, 10.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0],
             )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(HTTP_DURATION.to_string()),
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            )
         })?
         .install_recorder()?;
     describe();
@@ -146,7 +169,7 @@ fn describe() {
         let help = *help;
         if name.ends_with("_total") {
             describe_counter!(name, help);
-        } else if name == COMMIT_DURATION {
+        } else if name == COMMIT_DURATION || name == HTTP_DURATION {
             describe_histogram!(name, Unit::Seconds, help);
         } else if name == TXN_RECORDS {
             describe_histogram!(name, Unit::Count, help);

@@ -328,6 +328,44 @@ pub fn participant_refused(
     );
 }
 
+pub fn http_output_ready(output: &str, method: &str, url: &str) {
+    info!(output, method, url, "http output ready");
+}
+
+/// One request of an HTTP output answered (`class` 2xx..5xx) or failed without an answer
+/// (`error`).
+pub fn http_request(output: &str, class: &'static str, took: Duration) {
+    counter!(m::HTTP_REQUESTS, "output" => output.to_string(), "class" => class).increment(1);
+    histogram!(m::HTTP_DURATION, "output" => output.to_string()).record(took.as_secs_f64());
+}
+
+pub fn http_retry(
+    output: &str,
+    origin: &crate::record::Origin,
+    attempt: u32,
+    error: &dyn std::fmt::Display,
+) {
+    counter!(m::HTTP_RETRIES, "output" => output.to_string()).increment(1);
+    debug!(
+        output,
+        topic = %origin.topic,
+        partition = origin.partition,
+        offset = origin.offset,
+        attempt,
+        %error,
+        "transient HTTP failure; calling again with the same idempotency key after a backoff"
+    );
+}
+
+pub fn http_batch_done(output: &str, calls: u64, took: Duration) {
+    debug!(
+        output,
+        calls,
+        took_ms = took.as_secs_f64() * 1e3,
+        "every call of the batch made"
+    );
+}
+
 pub fn sink_record_skipped(output: &str, origin: &crate::record::Origin) {
     debug!(
         output,

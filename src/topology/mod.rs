@@ -23,7 +23,9 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 
+pub mod http;
 pub mod postgres;
+pub use http::HttpOutput;
 pub use postgres::PostgresOutput;
 
 /// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
@@ -109,7 +111,7 @@ impl Codec {
     }
 }
 
-/// Where records go: exactly one of `topic` or `postgres`.
+/// Where records go: exactly one of `topic`, `postgres` or `http`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Output {
@@ -123,6 +125,10 @@ pub struct Output {
     /// `postgres` output needs a `name`: it keys the output's inbox.
     #[serde(default)]
     pub postgres: Option<PostgresOutput>,
+    /// An HTTP endpoint called once per record with an idempotency key (see
+    /// [`HttpOutput`]). An `http` output needs a `name`.
+    #[serde(default)]
+    pub http: Option<HttpOutput>,
     /// How values are written. Default: `json` when every input is JSON, `raw` otherwise.
     #[serde(default)]
     pub codec: Option<Codec>,
@@ -153,14 +159,16 @@ fn default_allow_unused() -> bool {
     false
 }
 
-/// Where an output writes, as code reads it: the file's `topic` and `postgres` options made
-/// one choice (see [`Output::target`]).
+/// Where an output writes, as code reads it: the file's `topic`, `postgres` and `http`
+/// options made one choice (see [`Output::target`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Target<'a> {
     /// A Kafka topic, written inside the job's transactions.
     Topic(&'a str),
     /// A PostgreSQL table.
     Postgres(&'a PostgresOutput),
+    /// An HTTP endpoint.
+    Http(&'a HttpOutput),
 }
 
 impl Output {
@@ -172,14 +180,15 @@ impl Output {
             .unwrap_or_default()
     }
 
-    /// Where this output writes. The file keeps `topic` and `postgres` as two options, so
+    /// Where this output writes. The file keeps `topic`, `postgres` and `http` as options, so
     /// that [`Topology::validate`] reports every problem of a file at once with its field
     /// path (a choice made while parsing would stop at the first); this is the one choice
     /// they make. `None` only for a file that failed validation (neither or both given).
     pub fn target(&self) -> Option<Target<'_>> {
-        match (&self.topic, &self.postgres) {
-            (Some(topic), None) => Some(Target::Topic(topic)),
-            (None, Some(postgres)) => Some(Target::Postgres(postgres)),
+        match (&self.topic, &self.postgres, &self.http) {
+            (Some(topic), None, None) => Some(Target::Topic(topic)),
+            (None, Some(postgres), None) => Some(Target::Postgres(postgres)),
+            (None, None, Some(http)) => Some(Target::Http(http)),
             _ => None,
         }
     }
@@ -803,37 +812,34 @@ impl Topology {
             .filter_map(|o| Some((o.name.as_deref().unwrap_or(""), o.postgres.as_ref()?)))
     }
 
-    /// Problems of the outputs' shapes and of every `postgres` section.
+    /// Problems of the outputs' shapes and of every `postgres` and `http` section.
     fn validate_postgres_outputs(&self) -> Vec<ConfigIssue> {
         let mut issues = Vec::new();
         for (i, output) in self.outputs.iter().enumerate() {
             let at = format!("outputs[{i}]");
-            if output.topic.is_some() == output.postgres.is_some() {
+            let given = [
+                output.topic.is_some(),
+                output.postgres.is_some(),
+                output.http.is_some(),
+            ];
+            if given.iter().filter(|g| **g).count() != 1 {
                 issues.push(ConfigIssue {
                     path: at.clone(),
-                    message: "needs exactly one of `topic` or `postgres`".into(),
+                    message: "needs exactly one of `topic`, `postgres` or `http`".into(),
                 });
+            }
+            if let Some(http) = &output.http {
+                self.validate_sink_name(
+                    i,
+                    "an http output needs a name of 1-100 characters of [A-Za-z0-9._-]",
+                    &mut issues,
+                );
+                http.validate(&format!("{at}.http"), &mut issues);
             }
             let Some(pg) = &output.postgres else {
                 continue;
             };
-            match output.name.as_deref() {
-                Some(name) if is_valid_name(name) => {
-                    if self.outputs[..i]
-                        .iter()
-                        .any(|o| o.name.as_deref() == Some(name))
-                    {
-                        issues.push(ConfigIssue {
-                            path: format!("{at}.name"),
-                            message: format!("`{name}` names another output too"),
-                        });
-                    }
-                }
-                _ => issues.push(ConfigIssue {
-                    path: format!("{at}.name"),
-                    message: "a postgres output needs a name of 1-100 characters of [A-Za-z0-9._-]; it keys the output's inbox, so keep it stable".into(),
-                }),
-            }
+            self.validate_sink_name(i, "a postgres output needs a name of 1-100 characters of [A-Za-z0-9._-]; it keys the output's inbox, so keep it stable", &mut issues);
             // Each output applies its batch in a database transaction of its own, and all of
             // them commit together: two writing one table would wait on each other's rows.
             if self.outputs[..i].iter().any(|o| {
@@ -852,6 +858,30 @@ impl Topology {
             pg.validate(&format!("{at}.postgres"), &mut issues);
         }
         issues
+    }
+}
+
+impl Topology {
+    /// The name of the sink output at `i`: given, valid and unique.
+    fn validate_sink_name(&self, i: usize, rule: &str, issues: &mut Vec<ConfigIssue>) {
+        let path = format!("outputs[{i}].name");
+        match self.outputs[i].name.as_deref() {
+            Some(name) if is_valid_name(name) => {
+                if self.outputs[..i]
+                    .iter()
+                    .any(|o| o.name.as_deref() == Some(name))
+                {
+                    issues.push(ConfigIssue {
+                        path,
+                        message: format!("`{name}` names another output too"),
+                    });
+                }
+            }
+            _ => issues.push(ConfigIssue {
+                path,
+                message: rule.to_string(),
+            }),
+        }
     }
 }
 

@@ -1,0 +1,173 @@
+//! The `http` output of a topology: one HTTP call per record, made before the Kafka commit,
+//! each with an idempotency key that is the same on every redelivery. The semantics live in
+//! [`crate::sink::http`]; this is the model of the YAML section and its validation.
+
+use std::collections::BTreeMap;
+
+use reqwest::header::{HeaderName, HeaderValue};
+use serde::Deserialize;
+
+use super::ConfigIssue;
+pub use super::postgres::EventId;
+
+/// Calls an HTTP endpoint for every record; the endpoint must honour idempotency keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpOutput {
+    /// The endpoint, `http://` or `https://`. A template over the record: `{key}` is the
+    /// Kafka key (UTF-8) and `{a.b}` the scalar at that field path of the JSON value, each
+    /// percent-encoded; see [`crate::sink::http::template`].
+    pub url: String,
+    /// `POST` (default), `PUT`, `PATCH` or `DELETE`. The body is the record's encoded value.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Headers of every request (`Content-Type`, `Authorization: Bearer ${TOKEN}`...).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The header carrying each call's idempotency key.
+    #[serde(default = "default_idempotency_header")]
+    pub idempotency_header: String,
+    /// Where the idempotency key comes from: this header of the record or this field of its
+    /// JSON value, when the record has it. Default (and fallback): its origin,
+    /// `topic/partition/offset`.
+    #[serde(default)]
+    pub event_id: Option<EventId>,
+    /// The longest one request may take (connecting, sending, reading the answer).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Requests in flight at once, over all keys (records of one key go one after another).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// A PEM file of the certificate authorities trusted for `https` (default: the system's).
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// The open Kafka transaction commits once this many calls are waiting for this output.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+}
+
+fn default_method() -> String {
+    "POST".to_string()
+}
+fn default_idempotency_header() -> String {
+    "Idempotency-Key".to_string()
+}
+fn default_timeout_ms() -> u64 {
+    5_000
+}
+fn default_max_in_flight() -> usize {
+    16
+}
+fn default_batch_size() -> usize {
+    1_000
+}
+
+/// The methods an output may call with.
+pub const METHODS: &[&str] = &["POST", "PUT", "PATCH", "DELETE"];
+
+impl HttpOutput {
+    /// Every problem of this section; `at` is its path (`outputs[2].http`).
+    pub fn validate(&self, at: &str, issues: &mut Vec<ConfigIssue>) {
+        let mut issue = |field: &str, message: String| {
+            issues.push(ConfigIssue {
+                path: format!("{at}.{field}"),
+                message,
+            })
+        };
+        if let Err(message) = crate::sink::http::template::UrlTemplate::parse(&self.url) {
+            issue("url", message);
+        }
+        if !METHODS.contains(&self.method.as_str()) {
+            issue("method", format!("must be one of {}", METHODS.join(", ")));
+        }
+        for (name, value) in &self.headers {
+            if HeaderName::from_bytes(name.as_bytes()).is_err() {
+                issue(&format!("headers.{name}"), "not a valid header name".into());
+            } else if name.eq_ignore_ascii_case(&self.idempotency_header) {
+                issue(
+                    &format!("headers.{name}"),
+                    "is the idempotency header, set by onceflow for each call".into(),
+                );
+            }
+            if HeaderValue::from_str(value).is_err() {
+                issue(
+                    &format!("headers.{name}"),
+                    "not a valid header value (visible ASCII and spaces)".into(),
+                );
+            }
+        }
+        if HeaderName::from_bytes(self.idempotency_header.as_bytes()).is_err() {
+            issue("idempotency_header", "must be a valid header name".into());
+        }
+        match &self.event_id {
+            Some(EventId::Header(h)) if h.is_empty() => {
+                issue("event_id.header", "must not be empty".into())
+            }
+            Some(EventId::Field(f)) if !super::is_field_path(f) => {
+                issue("event_id.field", "must be a field path".into())
+            }
+            _ => {}
+        }
+        if self.timeout_ms == 0 {
+            issue("timeout_ms", "must be at least 1".into());
+        }
+        if self.max_in_flight == 0 {
+            issue("max_in_flight", "must be at least 1".into());
+        }
+        if self.batch_size == 0 {
+            issue("batch_size", "must be at least 1".into());
+        }
+        if self.ca_file.as_deref().is_some_and(str::is_empty) {
+            issue("ca_file", "must name a PEM file".into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> HttpOutput {
+        serde_saphyr::from_str(yaml).expect("an http section")
+    }
+
+    fn problems(yaml: &str) -> Vec<String> {
+        let mut issues = Vec::new();
+        config(yaml).validate("outputs[0].http", &mut issues);
+        issues.into_iter().map(|i| i.path).collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = config("url: https://example.com/hook\n");
+        assert_eq!(c.method, "POST");
+        assert_eq!(c.idempotency_header, "Idempotency-Key");
+        assert_eq!(
+            (c.timeout_ms, c.max_in_flight, c.batch_size),
+            (5_000, 16, 1_000)
+        );
+        assert!(problems("url: https://example.com/hook/{key}/{order.id}\n").is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let yaml = "url: 'ftp://x/{}'\nmethod: GET\nheaders: {'bad name': x, idempotency-key: y, ok: \"a\\nb\"}\nidempotency_header: ''\nevent_id: {field: 'a..b'}\ntimeout_ms: 0\nmax_in_flight: 0\nbatch_size: 0\nca_file: ''\n";
+        assert_eq!(
+            problems(yaml),
+            [
+                "outputs[0].http.url",
+                "outputs[0].http.method",
+                "outputs[0].http.headers.bad name",
+                "outputs[0].http.headers.ok",
+                "outputs[0].http.idempotency_header",
+                "outputs[0].http.event_id.field",
+                "outputs[0].http.timeout_ms",
+                "outputs[0].http.max_in_flight",
+                "outputs[0].http.batch_size",
+                "outputs[0].http.ca_file",
+            ]
+        );
+        let same = "url: http://x/\nheaders: {idempotency-key: y}\n";
+        assert_eq!(problems(same), ["outputs[0].http.headers.idempotency-key"]);
+    }
+}
