@@ -74,7 +74,7 @@ impl HttpOutput {
                 message,
             })
         };
-        if let Err(message) = crate::sink::http::template::UrlTemplate::parse(&self.url) {
+        if let Err(message) = super::url_template::UrlTemplate::parse(&self.url) {
             issue("url", message);
         }
         if !METHODS.contains(&self.method.as_str()) {

@@ -25,6 +25,7 @@ pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule,
 
 pub mod http;
 pub mod postgres;
+pub mod url_template;
 pub use http::HttpOutput;
 pub use postgres::PostgresOutput;
 

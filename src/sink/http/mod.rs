@@ -20,7 +20,6 @@
 //! it from the engine's thread.
 
 pub mod error;
-pub mod template;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,9 +29,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Method};
 use tokio::sync::Semaphore;
 
+use crate::topology::url_template::{self as template, UrlTemplate};
 pub use error::HttpError;
 use error::{Verdict, classify, excerpt, status_class};
-use template::UrlTemplate;
 
 use super::SinkError;
 use crate::record::{Origin, Record};

@@ -1,4 +1,5 @@
-//! The URL of a call, a template over its record, and the call's idempotency key. Pure.
+//! The URL of an http output's call, a template over its record, and the call's idempotency
+//! key. Pure: the sink renders it, validation parses it.
 //!
 //! The rule of the template: `{key}` is replaced by the record's Kafka key (UTF-8), and
 //! `{a.b}` by the value at field path `a.b` of the record's JSON value, which must be a
@@ -12,8 +13,8 @@
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
+use super::http::EventId;
 use crate::record::{Origin, Record};
-use crate::topology::http::EventId;
 
 /// What is kept as is in a replaced segment: the unreserved characters of RFC 3986.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
