@@ -464,7 +464,8 @@ impl Txn {
         Ok(())
     }
 
-    /// Replaces a producer that failed fatally, once in the life of the process, and rewinds.
+    /// Replaces a producer that failed fatally (as [`super::producer::Rebuilds`] allows), and
+    /// rewinds.
     fn rebuild<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
@@ -889,5 +890,50 @@ mod tests {
         // The failpoint aborts this transaction, and the rewind must read committed offsets.
         assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
         assert!(!f.txn.is_open());
+    }
+
+    /// EndTxn: the request behind commit_transaction.
+    const END_TXN: i16 = 26;
+
+    #[test]
+    fn a_fatal_commit_is_cured_by_a_rebuild_each_time_the_rebuilt_producer_committed_since() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = fixture(None);
+        for round in 0..3 {
+            // The coordinator refuses the commit as after a failover that aborted it: fatal.
+            add(&mut f, &origin(0, 2 * round));
+            f.cluster
+                .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
+                .unwrap();
+            assert_eq!(
+                f.txn.commit(&f.consumer).unwrap(),
+                Committed::Aborted,
+                "round {round}"
+            );
+            add(&mut f, &origin(0, 2 * round));
+            assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        }
+        assert_eq!(f.txn.stats().producer_rebuilds, 3);
+        assert_eq!(f.txn.stats().committed, 3);
+    }
+
+    #[test]
+    fn a_rebuilt_producer_failing_again_before_any_commit_stops_the_job() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = fixture(None);
+        add(&mut f, &origin(0, 0));
+        f.cluster
+            .push_request_errors(
+                END_TXN,
+                &[
+                    RD_KAFKA_RESP_ERR_INVALID_TXN_STATE,
+                    RD_KAFKA_RESP_ERR_INVALID_TXN_STATE,
+                ],
+            )
+            .unwrap();
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        add(&mut f, &origin(0, 0));
+        let err = f.txn.commit(&f.consumer).expect_err("fatal again");
+        assert!(matches!(err, TxnError::FatalAgain { .. }), "{err}");
     }
 }

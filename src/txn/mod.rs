@@ -67,7 +67,9 @@ pub enum TxnError {
         "init_transactions failed (is the broker reachable, and does it allow transactions?): {error}"
     )]
     Init { error: KafkaError },
-    #[error("producer failed fatally again after being rebuilt: {error}")]
+    #[error(
+        "producer failed fatally again, before committing since it was rebuilt (or fenced a second time): {error}"
+    )]
     FatalAgain { error: KafkaError },
     #[error("cannot rewind ({what}): {error}")]
     Rewind { what: String, error: KafkaError },

@@ -25,7 +25,43 @@ use crate::telemetry::{self, health::Health};
 /// The client under the transactional producer.
 pub(super) type Client = BaseProducer<DeliveryTracker>;
 
-/// A producer with a stable transactional.id, rebuilt at most once.
+/// When a producer that failed fatally may be replaced: the decision, apart from the client.
+///
+/// A fatal error that is not a fence (the coordinator refusing EndTxn with INVALID_TXN_STATE
+/// after it aborted a transaction that outlived its timeout while its broker failed over; a
+/// commit still running in the background when an abort was asked) is cured by a new producer
+/// with the same transactional.id: rebuild, as often as it takes, provided the new producer
+/// proved itself by committing a transaction in between. A producer failing again before any
+/// commit cannot be cured by rebuilding: the job stops. A fence (another producer took the
+/// transactional.id, or the coordinator bumped the epoch) is rebuilt from at most once in the
+/// life of the process, so two processes sharing an id cannot take it from each other forever.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rebuilds {
+    /// The producer was rebuilt and has not committed since.
+    unproven: bool,
+    /// The producer was rebuilt after being fenced.
+    fenced_once: bool,
+}
+
+impl Rebuilds {
+    /// Whether a producer that failed fatally (`fenced` or not) may be rebuilt now; if so,
+    /// counts the rebuild.
+    pub fn allow(&mut self, fenced: bool) -> bool {
+        if self.unproven || (fenced && self.fenced_once) {
+            return false;
+        }
+        self.unproven = true;
+        self.fenced_once |= fenced;
+        true
+    }
+
+    /// A transaction committed: the producer works.
+    pub fn committed(&mut self) {
+        self.unproven = false;
+    }
+}
+
+/// A producer with a stable transactional.id, rebuilt as [`Rebuilds`] allows.
 pub(super) struct Producer {
     client: Client,
     config: ClientConfig,
@@ -33,7 +69,7 @@ pub(super) struct Producer {
     timeout: Duration,
     transactional: bool,
     health: Arc<Health>,
-    rebuilt: bool,
+    rebuilds: Rebuilds,
 }
 
 impl Producer {
@@ -53,7 +89,7 @@ impl Producer {
             timeout,
             transactional,
             health,
-            rebuilt: false,
+            rebuilds: Rebuilds::default(),
         })
     }
 
@@ -88,9 +124,11 @@ impl Producer {
         })
     }
 
-    pub fn commit(&self) -> KafkaResult<()> {
+    pub fn commit(&mut self) -> KafkaResult<()> {
         let timeout = self.timeout;
-        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))
+        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))?;
+        self.rebuilds.committed();
+        Ok(())
     }
 
     /// Aborts the open transaction; without transactions there is nothing to abort: what was
@@ -103,14 +141,13 @@ impl Producer {
         self.retrying("abort_transaction", |p| p.abort_transaction(timeout))
     }
 
-    /// Replaces a producer that failed fatally, once in the life of the process: the new
-    /// producer's init_transactions aborts whatever the old one left open.
+    /// Replaces a producer that failed fatally, as [`Rebuilds`] allows: the new producer's
+    /// init_transactions completes or aborts whatever the old one left open.
     pub fn rebuild(&mut self, err: KafkaError) -> Result<(), TxnError> {
-        if self.rebuilt {
+        let fenced = traits_of(&err, false).fenced;
+        if !self.rebuilds.allow(fenced) {
             return Err(TxnError::FatalAgain { error: err });
         }
-        self.rebuilt = true;
-        let fenced = traits_of(&err, false).fenced;
         telemetry::producer_rebuilt(&err, fenced);
         self.client
             .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
@@ -170,5 +207,39 @@ fn create_client(
             }
             Err(error) => return Err(TxnError::Init { error }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rebuilds;
+
+    #[test]
+    fn a_producer_is_rebuilt_again_only_after_it_committed() {
+        let mut r = Rebuilds::default();
+        assert!(r.allow(false));
+        assert!(
+            !r.allow(false),
+            "failing again before any commit stops the job"
+        );
+        r.committed();
+        assert!(
+            r.allow(false),
+            "a rebuilt producer that committed may be rebuilt again"
+        );
+        r.committed();
+        assert!(r.allow(false));
+    }
+
+    #[test]
+    fn a_fence_is_rebuilt_from_once_in_the_life_of_the_process() {
+        let mut r = Rebuilds::default();
+        assert!(r.allow(true));
+        r.committed();
+        assert!(!r.allow(true), "a second fence ends the job");
+        assert!(r.allow(false), "other fatal errors are still cured");
+        let mut r = Rebuilds::default();
+        assert!(r.allow(false));
+        assert!(!r.allow(true), "nor before the rebuilt producer committed");
     }
 }
