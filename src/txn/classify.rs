@@ -66,7 +66,7 @@ pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
             fatal: producer_fatal || e.is_fatal(),
             fenced: is_fencing_code(e.code()),
             requires_abort: e.txn_requires_abort(),
-            retriable: e.is_retriable(),
+            retriable: may_call_again(e.code(), e.is_retriable()),
         },
         other => {
             let code = other.rdkafka_error_code();
@@ -80,6 +80,15 @@ pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
             }
         }
     }
+}
+
+/// Whether a transactional call that failed with `code` may succeed if made again, given
+/// librdkafka's own `retriable` flag. A conflict is flagged retriable but is not, here: it
+/// says another call is in progress, a commit_transaction that timed out and goes on in the
+/// background, which only calling commit_transaction again resumes; an abort asked meanwhile
+/// fails the same way each time until its deadline. The producer is rebuilt instead.
+pub fn may_call_again(code: RDKafkaErrorCode, retriable: bool) -> bool {
+    retriable && code != RDKafkaErrorCode::Conflict
 }
 
 /// Whether a consumer request that failed with `err` may succeed if made again: the group
@@ -190,6 +199,13 @@ mod tests {
         assert!(!is_fencing_code(
             RDKafkaErrorCode::CoordinatorLoadInProgress
         ));
+    }
+
+    #[test]
+    fn a_conflicting_call_in_progress_is_not_retried() {
+        assert!(!may_call_again(RDKafkaErrorCode::Conflict, true));
+        assert!(may_call_again(RDKafkaErrorCode::OperationTimedOut, true));
+        assert!(!may_call_again(RDKafkaErrorCode::OperationTimedOut, false));
     }
 
     #[test]
