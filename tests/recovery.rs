@@ -1348,6 +1348,10 @@ fn wait_recovered(
 #[derive(Default)]
 struct Verdict {
     sent: u64,
+    /// Ids the (not idempotent) feed wrote twice to the input.
+    input_twice: u64,
+    /// Records in the input.
+    input_records: u64,
     failed_sends: Vec<(u64, String)>,
     distinct: u64,
     duplicated: Vec<(u64, u32)>,
@@ -1367,15 +1371,22 @@ impl Verdict {
     }
 
     fn summary(&self) -> String {
-        let refused = if self.failed_sends.is_empty() {
+        let mut refused = if self.failed_sends.is_empty() {
             String::new()
         } else {
             format!("; {} sends refused by the broker", self.failed_sends.len())
         };
+        if self.input_twice > 0 {
+            let _ = write!(
+                refused,
+                "; {} ids written twice to the input by the feed, expected twice",
+                self.input_twice
+            );
+        }
         if self.ok() {
             return format!(
-                "yes ({} ids, 0 duplicates, 0 missing{refused})",
-                self.sent - self.failed_sends.len() as u64
+                "yes ({} input records, each once: 0 duplicates, 0 missing{refused})",
+                self.input_records
             );
         }
         let mut s = format!(
@@ -1671,7 +1682,15 @@ fn run_phase(cfg: &Config, fault: Fault, rng: &mut impl Rng) -> PhaseResult {
     let loads = load.finish();
     let cpu_after = cpu_times();
     write_timeline(&dir.join("timeline.csv"), origin, &state.arrivals);
-    let verdict = judge(sent, acks.failed, &state.arrivals, hanging, &windows);
+    let census = input_census(&input, sent);
+    let verdict = judge(
+        &census,
+        sent,
+        acks.failed,
+        &state.arrivals,
+        hanging,
+        &windows,
+    );
     let events = std::mem::take(&mut *lock(&fleet.events));
     let measured = windows
         .into_iter()
@@ -1726,8 +1745,62 @@ fn write_timeline(path: &Path, origin: u64, arrivals: &[Arrival]) {
     std::fs::write(path, text).expect("write timeline");
 }
 
-/// Compares what was read with what was sent; names each anomaly with the window it fell in.
+/// How many times each id is in the input topic (read to its end; the feed is not
+/// transactional). The feed is not idempotent: a broker failing over can keep a batch whose
+/// acknowledgement was lost and take its resend too, so an id can be in the input twice,
+/// at two offsets; exactly once means each input record once in the output, not each id.
+fn input_census(topic: &str, sent: u64) -> Vec<u32> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("recovery-census"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("census consumer");
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(30))
+            .expect("input watermarks");
+        ends.insert(p, high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign the input");
+    let mut counts = vec![0u32; sent as usize];
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut done: BTreeSet<i32> = ends
+        .iter()
+        .filter(|(_, h)| **h == 0)
+        .map(|(p, _)| *p)
+        .collect();
+    while done.len() < PARTITIONS as usize && Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(msg)) => {
+                if let Some(c) = key_id(msg.key()).and_then(|id| counts.get_mut(id as usize)) {
+                    *c += 1;
+                }
+                if msg.offset() + 1 >= ends[&msg.partition()] {
+                    done.insert(msg.partition());
+                }
+            }
+            Some(Err(e)) => eprintln!("recovery: census of {topic}: {e}"),
+            None => {}
+        }
+    }
+    assert_eq!(
+        done.len(),
+        PARTITIONS as usize,
+        "the input census of {topic} did not reach the end"
+    );
+    counts
+}
+
+/// Compares what was read with what the input holds; names each anomaly with the window it
+/// fell in.
 fn judge(
+    input: &[u32],
     sent: u64,
     failed_sends: Vec<(u64, String)>,
     arrivals: &[Arrival],
@@ -1744,7 +1817,7 @@ fn judge(
             }
         }
     }
-    let failed: BTreeSet<u64> = failed_sends.iter().map(|(id, _)| *id).collect();
+    let expected = |id: usize| input.get(id).copied().unwrap_or(0);
     let window_of = |t: u64| {
         windows
             .iter()
@@ -1757,15 +1830,16 @@ fn judge(
     let duplicated: Vec<(u64, u32)> = counts
         .iter()
         .enumerate()
-        .filter(|(_, c)| **c > 1)
+        .filter(|(id, c)| **c > expected(*id))
         .map(|(id, c)| (id as u64, *c))
         .collect();
     let missing: Vec<u64> = counts
         .iter()
         .enumerate()
-        .filter(|(id, c)| **c == 0 && !failed.contains(&(*id as u64)))
+        .filter(|(id, c)| **c < expected(*id))
         .map(|(id, _)| id as u64)
         .collect();
+    let input_twice = input.iter().filter(|c| **c > 1).count() as u64;
     let mut evidence = Vec::new();
     for (id, n) in duplicated.iter().take(10) {
         let copies: Vec<String> = arrivals
@@ -1791,6 +1865,8 @@ fn judge(
     }
     Verdict {
         sent,
+        input_twice,
+        input_records: input.iter().map(|c| u64::from(*c)).sum(),
         distinct: counts.iter().filter(|c| **c > 0).count() as u64,
         failed_sends,
         duplicated,
