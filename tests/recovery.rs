@@ -1940,11 +1940,11 @@ fn report(cfg: &Config, header: &[String], phases: &[PhaseResult], details: &str
     }
     let _ = writeln!(
         out,
-        "\n| fault | runs | no output: median | no output: worst | worst output partition stall | worst input partition stall | worst producer ack gap | latency peak (worst) | back to normal (worst) | exactly once | load avg (mean/max) |"
+        "\n| fault | runs | no output: median | no output: worst | worst output partition stall | worst input partition stall | worst producer ack gap | latency peak (worst) | back to normal (worst) | exactly once | instances that exited by themselves | load avg (mean/max) |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
     );
     for p in phases {
         let mut labels: Vec<&str> = Vec::new();
@@ -1964,7 +1964,7 @@ fn report(cfg: &Config, header: &[String], phases: &[PhaseResult], details: &str
             let worst = |f: &dyn Fn(&Measure) -> u64| ms.iter().map(|m| f(m)).max().unwrap_or(0);
             let _ = writeln!(
                 out,
-                "| {label} | {} | {} s | {} s | {} s | {} s | {} s | {} s | {} s | {} | {:.1} / {:.1} |",
+                "| {label} | {} | {} s | {} s | {} s | {} s | {} s | {} s | {} s | {} | {} | {:.1} / {:.1} |",
                 ms.len(),
                 secs(median(&mut gaps)),
                 secs(worst(&|m| m.flow_gap)),
@@ -1974,6 +1974,10 @@ fn report(cfg: &Config, header: &[String], phases: &[PhaseResult], details: &str
                 secs(worst(&|m| m.latency_peak)),
                 secs(worst(&|m| m.normal_after)),
                 p.verdict.summary(),
+                p.events
+                    .iter()
+                    .filter(|e| e.text.contains("exited on its own"))
+                    .count(),
                 p.load.0,
                 p.load.1,
             );
