@@ -59,8 +59,11 @@ pub fn producer_config(topology: &Topology, id: &Identity) -> ClientConfig {
     c.set("linger.ms", "5");
     apply(&mut c, &topology.kafka.common);
     apply(&mut c, &topology.kafka.producer);
+    // Only failed deliveries are reported: the transaction owner waits for the rest with
+    // one flush instead of serving a report per batch (txn::collector::drain).
     c.set("bootstrap.servers", &id.bootstrap_servers)
-        .set("enable.idempotence", "true");
+        .set("enable.idempotence", "true")
+        .set("delivery.report.only.error", "true");
     if topology.runtime.guarantee == Guarantee::ExactlyOnce {
         c.set(
             "transactional.id",
@@ -136,6 +139,13 @@ mod tests {
             consumer_config(&t, &id()).get("isolation.level"),
             Some("read_committed")
         );
+    }
+
+    #[test]
+    fn only_failed_deliveries_are_reported() {
+        let t = topology("kafka: {producer: {delivery.report.only.error: 'false'}}\n");
+        let p = producer_config(&t, &id());
+        assert_eq!(p.get("delivery.report.only.error"), Some("true"));
     }
 
     #[test]

@@ -111,16 +111,38 @@ impl Collector {
     }
 }
 
-/// Serves delivery reports until nothing is in flight or `timeout` passes.
+/// The longest single wait of [`drain`]: a failed delivery's report holds its message until
+/// it is served, so a failure is seen at most this late.
+const DRAIN_SLICE: Duration = Duration::from_millis(100);
+
+/// Waits until nothing is in flight or `timeout` passes, serving the delivery reports.
+///
+/// The producer reports failed deliveries only (`delivery.report.only.error`): a message
+/// acknowledged is released at once, so `rd_kafka_flush` returns as soon as the last one is,
+/// without a poll in between. One flush raises librdkafka's flushing flag (the last batches
+/// leave now instead of after linger.ms) and wakes the broker threads once; a loop of short
+/// flushes would wake every broker thread every millisecond for as long as the
+/// acknowledgements take, and on a loaded machine that took the CPU the brokers needed to
+/// send them.
 pub(super) fn drain(client: &Client, timeout: Duration) -> KafkaResult<()> {
     let deadline = Instant::now() + timeout;
-    while client.in_flight_count() > 0 {
-        if Instant::now() >= deadline {
+    loop {
+        client.poll(Duration::ZERO);
+        if client.in_flight_count() == 0 {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
         }
-        await_deliveries(client);
+        let wait_ms = left.min(DRAIN_SLICE).as_millis().max(1) as i32;
+        // SAFETY: the producer's native handle is valid for as long as `client` lives;
+        // rd_kafka_flush is thread-safe and only waits here (failure reports are events,
+        // served by the poll above).
+        unsafe {
+            rdkafka::bindings::rd_kafka_flush(client.client().native_ptr(), wait_ms);
+        }
     }
-    Ok(())
 }
 
 /// Serves every delivery report that is ready; when there is none, waits up to a

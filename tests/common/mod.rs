@@ -61,6 +61,39 @@ pub fn create_topics(names: &[&str], partitions: i32) {
     }
 }
 
+/// Creates topics with `replication` replicas each and the topic `configs` given (e.g.
+/// `min.insync.replicas`), on a cluster of at least that many brokers.
+pub fn create_replicated_topics(
+    names: &[&str],
+    partitions: i32,
+    replication: i32,
+    configs: &[(&str, &str)],
+) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| {
+            configs.iter().fold(
+                NewTopic::new(n, partitions, TopicReplication::Fixed(replication)),
+                |topic, (key, value)| topic.set(key, value),
+            )
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let results = rt
+        .block_on(admin.create_topics(&topics, &AdminOptions::new()))
+        .expect("create topics");
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
 /// Writes records with ids `ids` (key = id, value = JSON with the id), idempotently.
 pub fn produce_ids(topic: &str, ids: impl IntoIterator<Item = u64>) {
     produce_ids_paced(topic, ids, None)
