@@ -2,7 +2,9 @@
 //! job SIGKILLed mid-run against a slow server that fails some calls (500, 429 with
 //! Retry-After, dropped connections before and after applying) makes every call at least
 //! once, each key's calls in order, and the server deduplicating by idempotency key holds
-//! exactly the events; a record the server refuses (400) goes to the dead-letter topic.
+//! exactly the events; a record the server refuses (400) goes to the dead-letter topic; with
+//! `dedup: {postgres: ...}`, keys delivered before are not called again (for endpoints that
+//! ignore idempotency keys), across aborted transactions and a SIGKILL.
 
 mod common;
 
@@ -231,7 +233,7 @@ fn http_topology(name: &str, input: &str, http: &str) -> (tempfile::TempDir, std
 }
 
 const PARTITIONS: i32 = 4;
-const EVENTS: u64 = 5_000;
+const EVENTS: u64 = 20_000;
 const KEYS: u64 = 100;
 
 #[test]
@@ -267,7 +269,7 @@ fn calls_survive_sigkills_and_faults_each_applied_once_in_key_order() {
         .collect();
     let feeder = {
         let input = input.clone();
-        std::thread::spawn(move || produce_records_paced(&input, events, Some(400)))
+        std::thread::spawn(move || produce_records_paced(&input, events, Some(1_000)))
     };
 
     let mut rng = rand::rng();
@@ -386,4 +388,107 @@ fn a_call_the_endpoint_refuses_goes_to_the_dead_letter_topic() {
     let applied: BTreeSet<u64> = s.applied.values().copied().collect();
     assert_eq!(applied.len(), good);
     assert!(applied.is_disjoint(&refused));
+}
+
+/// The database of `scripts/test` (`ONCEFLOW_TEST_PG_URL`), with a runtime for its client.
+fn pg() -> (tokio::runtime::Runtime, tokio_postgres::Client) {
+    let url = std::env::var("ONCEFLOW_TEST_PG_URL")
+        .expect("ONCEFLOW_TEST_PG_URL is not set: run the tests with scripts/test");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (client, connection) = rt
+        .block_on(tokio_postgres::connect(&url, tokio_postgres::NoTls))
+        .expect("connect to the test database");
+    rt.spawn(async move {
+        let _ = connection.await;
+    });
+    (rt, client)
+}
+
+#[test]
+fn dedup_in_postgres_calls_each_key_once_across_aborts_and_a_sigkill() {
+    // The server counts a call of a key it applied before as a repeat (an endpoint ignoring
+    // keys would apply it twice). Every 100th event is refused with a 400: each refusal aborts
+    // its transaction, whose other calls come again; the inbox must absorb them all.
+    const N: u64 = 4_000;
+    const IN_FLIGHT: u64 = 4;
+    let bad = |id: u64| id % 100 == 7;
+    let policy: Policy = Arc::new(move |id| if bad(id) { Fault::Reject } else { Fault::None });
+    let server = Server::start(policy, (1, 3));
+    let input = unique("httpdedup-in");
+    let name = unique("httpdedup");
+    let dlq = format!("{name}.dlq");
+    create_topics(&[&input], 4);
+    create_topics(&[&dlq], 1);
+    let inbox = format!("inbox_{}", name.replace(['-', '.'], "_"));
+    let http = format!(
+        "      url: http://{}/dedup/{{key}}\n      event_id: {{field: id}}\n      max_in_flight: {IN_FLIGHT}\n      dedup: {{postgres: {{url_env: ONCEFLOW_TEST_PG_URL, inbox_table: {inbox}}}}}\n",
+        server.addr
+    );
+    let (_dir, topology) = http_topology(&name, &input, &http);
+    produce_ids(&input, 0..N);
+    let refused: BTreeSet<u64> = (0..N).filter(|id| bad(*id)).collect();
+    let good = N as usize - refused.len();
+
+    let mut child = spawn_job(&topology, "httpdedup-0", &[]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.applied() < good / 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap");
+    let at_kill = server.applied();
+    assert!(at_kill < good, "the job finished before it was killed");
+
+    let child = spawn_job(&topology, "httpdedup-0", &[]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while server.applied() < good && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let lettered = wait_for_distinct(&dlq, 1, refused.len(), Duration::from_secs(60));
+    terminate(child);
+
+    let s = server.state.lock().unwrap();
+    eprintln!(
+        "{} requests for {N} events ({} refused), SIGKILL at {at_kill} applied: {} repeats",
+        s.requests,
+        refused.len(),
+        s.repeats
+    );
+    let applied: BTreeSet<u64> = s.applied.values().copied().collect();
+    assert_eq!(applied.len(), good, "not every accepted event was called");
+    assert!(applied.is_disjoint(&refused));
+    // Only calls answered and not yet recorded when the job was killed may come again: at
+    // most one per request slot.
+    assert!(
+        s.repeats <= IN_FLIGHT,
+        "{} calls of keys delivered before (at most {IN_FLIGHT} allowed, by the SIGKILL)",
+        s.repeats
+    );
+    assert_eq!(lettered, refused.len());
+    let letters = read_records(&dlq, 1, "read_committed");
+    let ids: Vec<u64> = letters
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("an id"))
+        .collect();
+    assert_exactly_once(&refused, &ids);
+    drop(s);
+
+    // The inbox holds exactly the delivered keys, under the output's consumer.
+    let (rt, client) = pg();
+    let rows = rt
+        .block_on(client.query(
+            &format!("SELECT message_id FROM {inbox} WHERE consumer = $1"),
+            &[&format!("{name}/notify")],
+        ))
+        .expect("read the inbox");
+    let recorded: BTreeSet<u64> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0).parse().expect("an id"))
+        .collect();
+    assert_eq!(recorded, applied, "the inbox is not the delivered keys");
+    rt.block_on(client.batch_execute(&format!("DROP TABLE {inbox}")))
+        .expect("drop the inbox");
 }

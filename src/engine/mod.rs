@@ -106,10 +106,18 @@ pub struct Summary {
     pub busy: Duration,
 }
 
-/// How long one transactional client call may take before the process counts as stuck: it
-/// is bounded by the transaction timeout itself, so twice that and 5 s more.
+/// How long one transactional client call may take before the process counts as stuck.
+/// Each call is given the transaction timeout as its own (the retries around it are separate
+/// calls), so past that and 5 s of scheduling slack it is not coming back: librdkafka's
+/// send_offsets_to_transaction waits forever when the group coordinator's broker died
+/// (librdkafka#5456, #5511), and every second of this bound is a second of a partition held.
 pub fn call_bound(topology: &Topology) -> Duration {
-    Duration::from_millis(topology.runtime.transaction_timeout_ms.saturating_mul(2) + 5_000)
+    Duration::from_millis(
+        topology
+            .runtime
+            .transaction_timeout_ms
+            .saturating_add(5_000),
+    )
 }
 
 type JobConsumer = BaseConsumer<SourceContext>;
@@ -652,4 +660,16 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_call_counts_as_stuck_5_s_past_its_own_timeout() {
+        let text = "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\nruntime: {transaction_timeout_ms: 10000}\n";
+        let topology: Topology = serde_saphyr::from_str(text).unwrap();
+        assert_eq!(call_bound(&topology), Duration::from_secs(15));
+    }
 }

@@ -140,6 +140,7 @@ impl Failure for SinkError {
             .map(|e| Refusal {
                 origin: e.origin.clone(),
                 failure: e.failure(),
+                by: e.cause.sink(),
             })
             .collect()
     }
@@ -213,7 +214,7 @@ impl Sinks {
         for (index, output) in topology.outputs.iter().enumerate() {
             if let Some(Target::Http(config)) = output.target() {
                 let name = output.name.as_deref().unwrap_or_default();
-                let sink = HttpSink::new(name, config)?;
+                let sink = HttpSink::new(&topology.name, name, config)?;
                 sinks.outputs.push(SinkOutput::new(index, Box::new(sink)));
             }
             if let Some(Target::Postgres(config)) = output.target() {

@@ -37,6 +37,7 @@ pub const INBOX_DUPLICATES: &str = "onceflow_inbox_duplicates_absorbed_total";
 pub const SEQUENCE_GAPS: &str = "onceflow_sequence_gaps_total";
 pub const HTTP_REQUESTS: &str = "onceflow_http_requests_total";
 pub const HTTP_RETRIES: &str = "onceflow_http_retries_total";
+pub const HTTP_DEDUPLICATED: &str = "onceflow_http_deduplicated_total";
 pub const HTTP_DURATION: &str = "onceflow_http_request_duration_seconds";
 
 /// Every metric with its help text, for `/metrics` and the README.
@@ -125,6 +126,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         HTTP_RETRIES,
         "Calls of an HTTP output made again after a transient failure, by output.",
+    ),
+    (
+        HTTP_DEDUPLICATED,
+        "Calls of an HTTP output not made because its dedup inbox holds their keys, by output.",
     ),
     (
         HTTP_DURATION,

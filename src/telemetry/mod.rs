@@ -311,20 +311,26 @@ pub fn sequence_gaps<'a>(
     }
 }
 
-/// A participant (a database) refused a record's row (the batch committed nothing): the
-/// Kafka transaction is aborted and redone, and the record handled as a failed one when it
-/// comes again.
+/// A participant (`by`: a database, an HTTP endpoint) refused a record (the batch committed
+/// nothing): the Kafka transaction is aborted and redone, and the record handled as a failed
+/// one when it comes again.
 pub fn participant_refused(
+    by: &'static str,
     origin: Option<&crate::record::Origin>,
     failure: &crate::record::RecordError,
 ) {
+    let who = match by {
+        "http" => "the endpoint",
+        "postgres" => "the database",
+        _ => "an output",
+    };
     warn!(
         output = %failure.stage,
         topic = origin.map_or("", |o| o.topic.as_str()),
         partition = origin.map_or(-1, |o| o.partition),
         offset = origin.map_or(-1, |o| o.offset),
         error = failure.message.as_str(),
-        "the database refused a record; redoing the transaction without it"
+        "{who} refused a record; redoing the transaction without it"
     );
 }
 
@@ -354,6 +360,15 @@ pub fn http_retry(
         attempt,
         %error,
         "transient HTTP failure; calling again with the same idempotency key after a backoff"
+    );
+}
+
+/// Calls of a batch not made: their keys were delivered before (`dedup`).
+pub fn http_deduplicated(output: &str, calls: u64) {
+    counter!(m::HTTP_DEDUPLICATED, "output" => output.to_string()).increment(calls);
+    debug!(
+        output,
+        calls, "calls skipped: their keys were delivered before"
     );
 }
 

@@ -44,6 +44,34 @@ pub struct HttpOutput {
     /// The open Kafka transaction commits once this many calls are waiting for this output.
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
+    /// Deduplication on this side, for endpoints that do not honour idempotency keys.
+    #[serde(default)]
+    pub dedup: Option<Dedup>,
+}
+
+/// Where an `http` output remembers the keys it delivered.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Dedup {
+    /// In the inbox table of the PostgreSQL outputs: after a 2xx, the key is recorded there
+    /// (consumer `<topology>/<output>`), and a key recorded is not called again. A crash
+    /// between the 2xx and that write still repeats the call, once.
+    Postgres(DedupPostgres),
+}
+
+/// The inbox a `dedup: {postgres: ...}` records delivered keys in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupPostgres {
+    /// Name of the environment variable that holds the connection URL, as for `postgres`
+    /// outputs (TLS through its `sslmode`).
+    pub url_env: String,
+    /// The inbox table (created if missing), optionally schema-qualified.
+    #[serde(default = "super::postgres::default_inbox_table")]
+    pub inbox_table: String,
+    /// Delivered keys older than this are forgotten; keep it longer than any redelivery.
+    #[serde(default = "super::postgres::default_inbox_retention_hours")]
+    pub inbox_retention_hours: u64,
 }
 
 fn default_method() -> String {
@@ -120,6 +148,26 @@ impl HttpOutput {
         if self.ca_file.as_deref().is_some_and(str::is_empty) {
             issue("ca_file", "must name a PEM file".into());
         }
+        if let Some(Dedup::Postgres(pg)) = &self.dedup {
+            if !super::postgres::is_env_name(&pg.url_env) {
+                issue(
+                    "dedup.postgres.url_env",
+                    "must name an environment variable ([A-Za-z_][A-Za-z0-9_]*) holding the connection URL".into(),
+                );
+            }
+            if !super::postgres::is_table_name(&pg.inbox_table) {
+                issue(
+                    "dedup.postgres.inbox_table",
+                    "must be `table` or `schema.table` (no quotes, no spaces)".into(),
+                );
+            }
+            if pg.inbox_retention_hours == 0 {
+                issue(
+                    "dedup.postgres.inbox_retention_hours",
+                    "must be at least 1".into(),
+                );
+            }
+        }
     }
 }
 
@@ -169,5 +217,31 @@ mod tests {
         );
         let same = "url: http://x/\nheaders: {idempotency-key: y}\n";
         assert_eq!(problems(same), ["outputs[0].http.headers.idempotency-key"]);
+    }
+
+    #[test]
+    fn dedup_in_postgres() {
+        let c = config("url: http://x/\ndedup: {postgres: {url_env: PG_URL}}\n");
+        let Some(Dedup::Postgres(pg)) = &c.dedup else {
+            panic!("dedup: {:?}", c.dedup);
+        };
+        assert_eq!(
+            (
+                pg.url_env.as_str(),
+                pg.inbox_table.as_str(),
+                pg.inbox_retention_hours
+            ),
+            ("PG_URL", "onceflow_inbox", 168)
+        );
+        assert!(problems("url: http://x/\ndedup: {postgres: {url_env: PG_URL}}\n").is_empty());
+        let bad = "url: http://x/\ndedup: {postgres: {url_env: 'a-b', inbox_table: 'a b', inbox_retention_hours: 0}}\n";
+        assert_eq!(
+            problems(bad),
+            [
+                "outputs[0].http.dedup.postgres.url_env",
+                "outputs[0].http.dedup.postgres.inbox_table",
+                "outputs[0].http.dedup.postgres.inbox_retention_hours",
+            ]
+        );
     }
 }

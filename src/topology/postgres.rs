@@ -104,10 +104,10 @@ pub enum EventId {
 fn default_batch_size() -> usize {
     5_000
 }
-fn default_inbox_table() -> String {
+pub(super) fn default_inbox_table() -> String {
     "onceflow_inbox".to_string()
 }
-fn default_inbox_retention_hours() -> u64 {
+pub(super) fn default_inbox_retention_hours() -> u64 {
     7 * 24
 }
 fn default_inbox_cleanup_interval_secs() -> u64 {
@@ -330,7 +330,7 @@ impl PostgresOutput {
     }
 }
 
-fn is_env_name(s: &str) -> bool {
+pub(super) fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()
@@ -338,7 +338,7 @@ fn is_env_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn is_table_name(s: &str) -> bool {
+pub(super) fn is_table_name(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
     parts.len() <= 2
         && parts.iter().all(|p| {

@@ -378,7 +378,11 @@ impl Txn {
                     self.refused.clear();
                 }
                 for refusal in refusals {
-                    telemetry::participant_refused(refusal.origin.as_ref(), &refusal.failure);
+                    telemetry::participant_refused(
+                        refusal.by,
+                        refusal.origin.as_ref(),
+                        &refusal.failure,
+                    );
                     if let Some(origin) = refusal.origin {
                         self.refused.insert(origin, refusal.failure);
                     }
@@ -621,6 +625,7 @@ mod tests {
                         },
                         message: "refused".into(),
                     },
+                    by: "stub",
                 })
                 .collect()
         }

@@ -34,6 +34,8 @@ pub struct Refusal {
     /// The consumed record at fault, when known.
     pub origin: Option<Origin>,
     pub failure: RecordError,
+    /// The kind of participant that refused it, for messages: `postgres`, `http`.
+    pub by: &'static str,
 }
 
 /// A participant's error: how severe, and which records it refuses.

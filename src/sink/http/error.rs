@@ -82,6 +82,9 @@ pub enum HttpError {
         status: u16,
         body: String,
     },
+    /// The dedup inbox could not be read or written (`transient`: retried with the batch).
+    #[error("dedup inbox: {message}")]
+    Dedup { transient: bool, message: String },
     #[error(
         "{method} {url} still failing when the transaction's time ran out ({calls} call(s) of the batch not made): {last}"
     )]
@@ -101,7 +104,11 @@ impl crate::sink::SinkCause for HttpError {
     fn severity(&self) -> SinkErrorKind {
         match self {
             HttpError::Template(_) | HttpError::Refused { .. } => SinkErrorKind::Permanent,
-            HttpError::OutOfTime { .. } => SinkErrorKind::Transient,
+            HttpError::OutOfTime { .. }
+            | HttpError::Dedup {
+                transient: true, ..
+            } => SinkErrorKind::Transient,
+            HttpError::Dedup { .. } => SinkErrorKind::Fatal,
             HttpError::CaFile { .. } | HttpError::Client(_) | HttpError::Runtime(_) => {
                 SinkErrorKind::Fatal
             }

@@ -19,6 +19,7 @@
 //! PostgreSQL sink does, the sink owns a current-thread tokio runtime and calls `block_on` on
 //! it from the engine's thread.
 
+mod dedup;
 pub mod error;
 
 use std::collections::HashMap;
@@ -37,7 +38,8 @@ use super::SinkError;
 use crate::record::{Origin, Record};
 use crate::retry::{Backoff, Retries};
 use crate::telemetry;
-use crate::topology::http::{EventId, HttpOutput};
+use crate::topology::http::{Dedup, EventId, HttpOutput};
+use dedup::{Delivered, Recorder};
 
 /// Retries of one call: 50 ms, doubling, at most 2 s (a `Retry-After` may ask for longer).
 const BACKOFF: Backoff = crate::retry::SINK;
@@ -80,12 +82,15 @@ pub struct HttpSink {
     event_id: Option<EventId>,
     batch_size: usize,
     staged: Vec<Arc<Call>>,
+    /// The keys delivered before, with `dedup`.
+    delivered: Option<Delivered>,
     runtime: tokio::runtime::Runtime,
 }
 
 impl HttpSink {
-    /// Builds the client (reading `ca_file`); no call is made before the first batch.
-    pub fn new(output: &str, config: &HttpOutput) -> Result<HttpSink, SinkError> {
+    /// Builds the client (reading `ca_file`) and, with `dedup`, connects to its inbox
+    /// (creating it if missing); no call is made before the first batch.
+    pub fn new(topology: &str, output: &str, config: &HttpOutput) -> Result<HttpSink, SinkError> {
         let fail = |cause| SinkError::new(output, None, cause);
         let template = UrlTemplate::parse(&config.url)
             .map_err(|message| fail(HttpError::Client(format!("url: {message}"))))?;
@@ -135,6 +140,12 @@ impl HttpSink {
             .enable_all()
             .build()
             .map_err(|e| fail(HttpError::Runtime(e)))?;
+        let delivered = match &config.dedup {
+            Some(Dedup::Postgres(pg)) => {
+                Some(Delivered::connect(topology, output, pg, &runtime).map_err(fail)?)
+            }
+            None => None,
+        };
         telemetry::http_output_ready(output, config.method.as_str(), &config.url);
         Ok(HttpSink {
             shared: Arc::new(Shared {
@@ -149,6 +160,7 @@ impl HttpSink {
             event_id: config.event_id.clone(),
             batch_size: config.batch_size,
             staged: Vec::new(),
+            delivered,
             runtime,
         })
     }
@@ -214,13 +226,23 @@ impl HttpSink {
             return Ok(false);
         }
         let started = Instant::now();
+        let output = self.shared.output.clone();
+        let recorder = match self.skip_delivered() {
+            Ok(recorder) => recorder,
+            Err(e) => return Err(SinkError::new(&output, None, e)),
+        };
         let calls = self.staged.len();
         let lanes = lanes(&self.staged);
         let shared = Arc::clone(&self.shared);
         let outcomes = self.runtime.block_on(async move {
             let mut set = tokio::task::JoinSet::new();
             for lane in lanes {
-                set.spawn(call_lane(Arc::clone(&shared), lane, deadline));
+                set.spawn(call_lane(
+                    Arc::clone(&shared),
+                    recorder.clone(),
+                    lane,
+                    deadline,
+                ));
             }
             let mut outcomes = Vec::new();
             while let Some(done) = set.join_next().await {
@@ -256,6 +278,26 @@ impl HttpSink {
         telemetry::http_batch_done(output, calls as u64, started.elapsed());
         Ok(true)
     }
+
+    /// With `dedup`: leaves out the staged calls whose keys were delivered before, and
+    /// returns the connection that records the keys of the calls made now.
+    fn skip_delivered(&mut self) -> Result<Option<Arc<Recorder>>, HttpError> {
+        let Some(delivered) = &mut self.delivered else {
+            return Ok(None);
+        };
+        let keys: Vec<&str> = self
+            .staged
+            .iter()
+            .map(|c| c.idempotency_key.as_str())
+            .collect();
+        let (recorder, seen) = self.runtime.block_on(delivered.seen(&keys))?;
+        if !seen.is_empty() {
+            let before = self.staged.len();
+            self.staged.retain(|c| !seen.contains(&c.idempotency_key));
+            telemetry::http_deduplicated(&self.shared.output, (before - self.staged.len()) as u64);
+        }
+        Ok(Some(recorder))
+    }
 }
 
 /// The staged calls in lanes: one per Kafka key, in staging order; a record without a key
@@ -280,10 +322,17 @@ fn lanes(staged: &[Arc<Call>]) -> Vec<Vec<Arc<Call>>> {
 
 /// Makes the calls of one key in order. A refused call is left behind (its record will be
 /// dead-lettered) and the next goes on; a call that cannot be made in time stops the lane.
-async fn call_lane(shared: Arc<Shared>, lane: Vec<Arc<Call>>, deadline: Instant) -> Outcome {
+/// With `recorder`, the key of each call answered 2xx is recorded at once; a key that cannot
+/// be recorded stops the lane as a call out of time does.
+async fn call_lane(
+    shared: Arc<Shared>,
+    recorder: Option<Arc<Recorder>>,
+    lane: Vec<Arc<Call>>,
+    deadline: Instant,
+) -> Outcome {
     let mut outcome = Outcome::default();
     for (i, call) in lane.iter().enumerate() {
-        match call_once_done(&shared, call, deadline).await {
+        match call_once_done(&shared, recorder.as_deref(), call, deadline).await {
             Ok(()) => {}
             Err(e @ HttpError::Refused { .. }) => outcome.refused.push((call.origin.clone(), e)),
             Err(HttpError::OutOfTime {
@@ -306,8 +355,15 @@ async fn call_lane(shared: Arc<Shared>, lane: Vec<Arc<Call>>, deadline: Instant)
     outcome
 }
 
-/// One call, retried until it is done, refused, or out of time.
-async fn call_once_done(shared: &Shared, call: &Call, deadline: Instant) -> Result<(), HttpError> {
+/// One call, retried until it is done, refused, or out of time. With `recorder`, a call
+/// answered 2xx is done once its key is recorded; the request's permit is held until then, so
+/// at most `max_in_flight` calls are ever answered and not yet recorded.
+async fn call_once_done(
+    shared: &Shared,
+    recorder: Option<&Recorder>,
+    call: &Call,
+    deadline: Instant,
+) -> Result<(), HttpError> {
     let mut backoff: Retries = BACKOFF.retries();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -353,7 +409,12 @@ async fn call_once_done(shared: &Shared, call: &Call, deadline: Instant) -> Resu
                         started.elapsed(),
                     );
                     match (verdict, body) {
-                        (Verdict::Done, _) => return Ok(()),
+                        (Verdict::Done, _) => {
+                            return match recorder {
+                                Some(r) => r.record(&call.idempotency_key).await,
+                                None => Ok(()),
+                            };
+                        }
                         (Verdict::Refused, body) => {
                             let body = body.map_or_else(
                                 |e| format!("(body unreadable: {e})"),

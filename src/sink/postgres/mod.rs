@@ -134,27 +134,12 @@ impl PostgresSink {
         url: &str,
     ) -> Result<PostgresSink, SinkError> {
         let fail = |cause| SinkError::new(output, None, cause);
-        let bad_url = |message: String| {
-            // The URL may hold a password: name the variable, not the value.
-            fail(PostgresError::BadUrl {
-                var: config.url_env.clone(),
-                message,
-            })
-        };
-        let (url, tls) = Tls::split(url).map_err(bad_url)?;
-        let tls = match tls.mode {
-            SslMode::Disable => None,
-            _ => Some(tls.connector().map_err(bad_url)?),
-        };
-        let mut pg: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| bad_url(e.to_string()))?;
-        if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(Duration::from_secs(5));
-        }
-        if pg.get_application_name().is_none() {
-            pg.application_name(format!("onceflow/{topology}/{output}"));
-        }
+        let (pg, tls) = client_config(
+            url,
+            &config.url_env,
+            &format!("onceflow/{topology}/{output}"),
+        )
+        .map_err(fail)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -210,34 +195,13 @@ impl PostgresSink {
         // The timer is made inside block_on: it needs the runtime's reactor.
         let inspected = runtime.block_on(async {
             tokio::time::timeout(limit, async {
-            let (client, task) = open(pg, tls).await?;
-            let _task = AbortOnDrop(Some(task));
-            let (target, types) = inspect(&client, config).await?;
-            let server: String = client.query_one(SERVER, &[]).await?.get(0);
-            let markers = config.delete_when.is_some() && config.ordering_column().is_some();
-            // Create only what is missing: a user without the right to create tables can
-            // run on tables made for it beforehand.
-            let mut needed = vec![config.inbox_table.clone()];
-            if markers {
-                needed.push(sql::tombstones_table(&config.inbox_table));
-            }
-            let mut missing = false;
-            for table in &needed {
-                let found: bool = client
-                    .query_one(sql::TABLE_EXISTS, &[&sql::qualified(table)])
-                    .await?
-                    .get(0);
-                missing |= !found;
-            }
-            if missing {
-                client
-                    .batch_execute(&format!(
-                        "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
-                        sql::create_tables(&config.inbox_table, markers)
-                    ))
-                    .await?;
-            }
-            Ok::<_, PostgresError>((target, types, server))
+                let (client, task) = open(pg, tls).await?;
+                let _task = AbortOnDrop(Some(task));
+                let (target, types) = inspect(&client, config).await?;
+                let server: String = client.query_one(SERVER, &[]).await?.get(0);
+                let markers = config.delete_when.is_some() && config.ordering_column().is_some();
+                ensure_tables(&client, &config.inbox_table, markers).await?;
+                Ok::<_, PostgresError>((target, types, server))
             })
             .await
         });
@@ -692,8 +656,69 @@ impl PostgresSink {
     }
 }
 
+/// The connection settings of `url`, read from the variable `var`: TLS as its `sslmode`
+/// says, a 5 s connect timeout and `application` as the application name unless the URL sets
+/// them.
+pub(crate) fn client_config(
+    url: &str,
+    var: &str,
+    application: &str,
+) -> Result<(tokio_postgres::Config, Option<MakeTlsConnector>), PostgresError> {
+    // The URL may hold a password: name the variable, not the value.
+    let bad_url = |message: String| PostgresError::BadUrl {
+        var: var.to_string(),
+        message,
+    };
+    let (url, tls) = Tls::split(url).map_err(bad_url)?;
+    let tls = match tls.mode {
+        SslMode::Disable => None,
+        _ => Some(tls.connector().map_err(bad_url)?),
+    };
+    let mut pg: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| bad_url(e.to_string()))?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(Duration::from_secs(5));
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(application);
+    }
+    Ok((pg, tls))
+}
+
+/// Creates the inbox (and the deletion markers' table with `markers`) when missing, under
+/// an advisory lock: instances starting together must not race on DDL. Only what is missing
+/// is created: a user without the right to create tables can run on tables made for it.
+pub(crate) async fn ensure_tables(
+    client: &Client,
+    inbox: &str,
+    markers: bool,
+) -> Result<(), PostgresError> {
+    let mut needed = vec![inbox.to_string()];
+    if markers {
+        needed.push(sql::tombstones_table(inbox));
+    }
+    let mut missing = false;
+    for table in &needed {
+        let found: bool = client
+            .query_one(sql::TABLE_EXISTS, &[&sql::qualified(table)])
+            .await?
+            .get(0);
+        missing |= !found;
+    }
+    if missing {
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
+                sql::create_tables(inbox, markers)
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
 /// Connects and spawns the connection's task on the current runtime.
-async fn open(
+pub(crate) async fn open(
     pg: &tokio_postgres::Config,
     tls: &Option<MakeTlsConnector>,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), PostgresError> {
