@@ -336,21 +336,54 @@ fn calls_survive_sigkills_and_faults_each_applied_once_in_key_order() {
     );
 }
 
+/// The events the refusing server answers 400: every 100th.
+fn is_refused(id: u64) -> bool {
+    id % 100 == 7
+}
+
+/// A server refusing the events [`is_refused`] names (answers take `delay_ms`), and a job's
+/// topics: its input (`partitions`), its name, its dead-letter topic.
+fn refusing_job(
+    prefix: &str,
+    partitions: i32,
+    delay_ms: (u64, u64),
+) -> (Server, String, String, String) {
+    let policy: Policy = Arc::new(|id| {
+        if is_refused(id) {
+            Fault::Reject
+        } else {
+            Fault::None
+        }
+    });
+    let server = Server::start(policy, delay_ms);
+    let input = unique(&format!("{prefix}-in"));
+    let name = unique(prefix);
+    let dlq = format!("{name}.dlq");
+    create_topics(&[&input], partitions);
+    create_topics(&[&dlq], 1);
+    (server, input, name, dlq)
+}
+
+/// The dead-letter topic's records, read committed, after checking that each refused id is
+/// among them exactly once.
+fn letters_of(dlq: &str, refused: &BTreeSet<u64>) -> Vec<ReadRecord> {
+    let letters = read_records(dlq, 1, "read_committed");
+    let ids: Vec<u64> = letters
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("an id"))
+        .collect();
+    assert_exactly_once(refused, &ids);
+    letters
+}
+
 #[test]
 fn a_call_the_endpoint_refuses_goes_to_the_dead_letter_topic() {
     const N: u64 = 1_500;
-    let bad = |id: u64| id % 100 == 7;
-    let policy: Policy = Arc::new(move |id| if bad(id) { Fault::Reject } else { Fault::None });
-    let server = Server::start(policy, (0, 1));
-    let input = unique("http400-in");
-    let name = unique("http400");
-    let dlq = format!("{name}.dlq");
-    create_topics(&[&input], 2);
-    create_topics(&[&dlq], 1);
+    let (server, input, name, dlq) = refusing_job("http400", 2, (0, 1));
     let http = format!("      url: http://{}/refusing/{{key}}\n", server.addr);
     let (_dir, topology) = http_topology(&name, &input, &http);
     produce_ids(&input, 0..N);
-    let refused: BTreeSet<u64> = (0..N).filter(|id| bad(*id)).collect();
+    let refused: BTreeSet<u64> = (0..N).filter(|id| is_refused(*id)).collect();
     let good = N as usize - refused.len();
 
     let child = spawn_job(&topology, "http400-0", &[]);
@@ -363,12 +396,7 @@ fn a_call_the_endpoint_refuses_goes_to_the_dead_letter_topic() {
     assert_eq!(server.applied(), good, "not every accepted call was made");
     assert_eq!(lettered, refused.len());
 
-    let letters = read_records(&dlq, 1, "read_committed");
-    let ids: Vec<u64> = letters
-        .iter()
-        .map(|r| r.key.as_deref().expect("key").parse().expect("an id"))
-        .collect();
-    assert_exactly_once(&refused, &ids);
+    let letters = letters_of(&dlq, &refused);
     for letter in &letters {
         let meta = |k: &str| letter.headers.get(k).map_or("", String::as_str);
         let message = meta(onceflow::dlq::H_MESSAGE);
@@ -414,14 +442,7 @@ fn dedup_in_postgres_calls_each_key_once_across_aborts_and_a_sigkill() {
     // its transaction, whose other calls come again; the inbox must absorb them all.
     const N: u64 = 4_000;
     const IN_FLIGHT: u64 = 4;
-    let bad = |id: u64| id % 100 == 7;
-    let policy: Policy = Arc::new(move |id| if bad(id) { Fault::Reject } else { Fault::None });
-    let server = Server::start(policy, (1, 3));
-    let input = unique("httpdedup-in");
-    let name = unique("httpdedup");
-    let dlq = format!("{name}.dlq");
-    create_topics(&[&input], 4);
-    create_topics(&[&dlq], 1);
+    let (server, input, name, dlq) = refusing_job("httpdedup", 4, (1, 3));
     let inbox = format!("inbox_{}", name.replace(['-', '.'], "_"));
     let http = format!(
         "      url: http://{}/dedup/{{key}}\n      event_id: {{field: id}}\n      max_in_flight: {IN_FLIGHT}\n      dedup: {{postgres: {{url_env: ONCEFLOW_TEST_PG_URL, inbox_table: {inbox}}}}}\n",
@@ -429,7 +450,7 @@ fn dedup_in_postgres_calls_each_key_once_across_aborts_and_a_sigkill() {
     );
     let (_dir, topology) = http_topology(&name, &input, &http);
     produce_ids(&input, 0..N);
-    let refused: BTreeSet<u64> = (0..N).filter(|id| bad(*id)).collect();
+    let refused: BTreeSet<u64> = (0..N).filter(|id| is_refused(*id)).collect();
     let good = N as usize - refused.len();
 
     let mut child = spawn_job(&topology, "httpdedup-0", &[]);
@@ -468,12 +489,7 @@ fn dedup_in_postgres_calls_each_key_once_across_aborts_and_a_sigkill() {
         s.repeats
     );
     assert_eq!(lettered, refused.len());
-    let letters = read_records(&dlq, 1, "read_committed");
-    let ids: Vec<u64> = letters
-        .iter()
-        .map(|r| r.key.as_deref().expect("key").parse().expect("an id"))
-        .collect();
-    assert_exactly_once(&refused, &ids);
+    letters_of(&dlq, &refused);
     drop(s);
 
     // The inbox holds exactly the delivered keys, under the output's consumer.

@@ -41,7 +41,7 @@ use rand::Rng;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
@@ -811,26 +811,7 @@ impl Reader {
     fn read_to_marker(&self, topic: &str, timeout: Duration) -> Result<(), String> {
         let marker = unique("end");
         lock(&self.state).marker = Some(marker.clone());
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap())
-            .create()
-            .expect("marker producer");
-        for p in 0..PARTITIONS {
-            let headers = OwnedHeaders::new().insert(Header {
-                key: MARKER_HEADER,
-                value: Some(&marker),
-            });
-            producer
-                .send(
-                    BaseRecord::<str, str>::to(topic)
-                        .partition(p)
-                        .headers(headers),
-                )
-                .map_err(|(e, _)| e.to_string())?;
-        }
-        producer
-            .flush(Duration::from_secs(30))
-            .map_err(|e| e.to_string())?;
+        write_markers(topic, PARTITIONS, &marker)?;
         let deadline = Instant::now() + timeout;
         loop {
             let seen = lock(&self.state).markers_seen.clone();

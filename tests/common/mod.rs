@@ -41,24 +41,33 @@ pub fn unique(prefix: &str) -> String {
 }
 
 pub fn create_topics(names: &[&str], partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    create_replicated_topics(names, partitions, 1, &[]);
+}
+
+/// Writes a record without key nor value, with header [`MARKER_HEADER`] = `marker`, to each
+/// of the `partitions` of `topic`, outside any transaction: a read_committed reader sees
+/// them only once no transaction is left open before them.
+pub fn write_markers(topic: &str, partitions: i32, marker: &str) -> Result<(), String> {
+    let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
-        .expect("admin client");
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
-        .collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let results = rt
-        .block_on(admin.create_topics(&topics, &AdminOptions::new()))
-        .expect("create topics");
-    for r in results {
-        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+        .map_err(|e| e.to_string())?;
+    for p in 0..partitions {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: MARKER_HEADER,
+            value: Some(marker),
+        });
+        producer
+            .send(
+                BaseRecord::<str, str>::to(topic)
+                    .partition(p)
+                    .headers(headers),
+            )
+            .map_err(|(e, _)| e.to_string())?;
     }
+    producer
+        .flush(Duration::from_secs(30))
+        .map_err(|e| e.to_string())
 }
 
 /// Creates topics with `replication` replicas each and the topic `configs` given (e.g.
@@ -251,28 +260,9 @@ pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
 /// Every record of `topic`, in order of reading, up to a marker written now to each
 /// partition. Panics when a marker does not become visible: a transaction is left hanging.
 pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRecord> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .create()
-        .expect("producer");
     // Markers of earlier reads of the same topic are passed over: only this one ends it.
     let this_read = unique("end");
-    for p in 0..partitions {
-        let headers = OwnedHeaders::new().insert(Header {
-            key: MARKER_HEADER,
-            value: Some(&this_read),
-        });
-        producer
-            .send(
-                BaseRecord::<str, str>::to(topic)
-                    .partition(p)
-                    .headers(headers),
-            )
-            .expect("marker");
-    }
-    producer
-        .flush(Duration::from_secs(30))
-        .expect("flush marker");
+    write_markers(topic, partitions, &this_read).expect("end markers");
 
     let consumer = reader(isolation);
     assign_all(&consumer, topic, partitions);
