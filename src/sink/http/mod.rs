@@ -53,7 +53,8 @@ struct Call {
     key: Option<Vec<u8>>,
     url: reqwest::Url,
     idempotency_key: String,
-    body: Vec<u8>,
+    /// Shared by every attempt of the call without a copy.
+    body: bytes::Bytes,
 }
 
 /// What one key's calls came to.
@@ -188,10 +189,13 @@ impl HttpSink {
             .template
             .url(record, value.as_ref())
             .map_err(|e| refuse(e.into()))?;
+        // The records made of one consumed record are staged one after another: count the
+        // run at the end (a scan of the whole batch made staging quadratic).
         let nth = self
             .staged
             .iter()
-            .filter(|c| c.origin == record.origin)
+            .rev()
+            .take_while(|c| c.origin == record.origin)
             .count();
         let idempotency_key =
             template::idempotency_key(record, value.as_ref(), self.event_id.as_ref(), nth);
@@ -200,7 +204,7 @@ impl HttpSink {
             key: record.key.clone(),
             url,
             idempotency_key,
-            body: record.value.clone().unwrap_or_default(),
+            body: bytes::Bytes::from(record.value.clone().unwrap_or_default()),
         }));
         Ok(())
     }
@@ -384,14 +388,17 @@ async fn call_once_done(
                 .await
                 .map_err(|_| out_of_time("the sink is closing".into()))?;
             let started = Instant::now();
-            let answer = shared
+            let mut request = shared
                 .client
                 .request(shared.method.clone(), call.url.clone())
                 .header(&shared.header, call.idempotency_key.as_str())
-                .timeout(shared.timeout.min(left))
-                .body(call.body.clone())
-                .send()
-                .await;
+                .body(call.body.clone());
+            // The client's own timeout applies; a shorter one only when the deadline is nearer
+            // (a timer per request costs on a busy endpoint).
+            if left < shared.timeout {
+                request = request.timeout(left);
+            }
+            let answer = request.send().await;
             match answer {
                 Ok(response) => {
                     let status = response.status().as_u16();
@@ -508,7 +515,7 @@ mod tests {
             key: key.map(|k| k.as_bytes().to_vec()),
             url: reqwest::Url::parse("http://h/").unwrap(),
             idempotency_key: offset.to_string(),
-            body: Vec::new(),
+            body: bytes::Bytes::new(),
         })
     }
 
