@@ -6,10 +6,7 @@
 //! transaction) repeats calls, with the same keys: the endpoint must honour them for the
 //! effect to happen once. Records of one Kafka key are called one after another, in order
 //! (a key whose call cannot be made stops there, and its later records wait for the next
-//! attempt); different keys go in parallel: `max_in_flight` workers each take the next key's
-//! calls from a queue and make them in order, so at most that many requests are in flight (a
-//! key waiting out a backoff keeps its worker: an endpoint answering 429 or 5xx slows the
-//! whole output down, not only that key).
+//! attempt); different keys go in parallel, at most `max_in_flight` requests at once.
 //!
 //! Answers: 2xx is done; 408, 429 (after its `Retry-After` seconds), 5xx, connection errors
 //! and timeouts are retried with a capped backoff until the transaction's deadline, then the
