@@ -22,8 +22,8 @@
 mod dedup;
 pub mod error;
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -73,7 +73,6 @@ struct Shared {
     method: Method,
     header: HeaderName,
     timeout: Duration,
-    max_in_flight: usize,
     permits: Semaphore,
 }
 
@@ -156,7 +155,6 @@ impl HttpSink {
                 method,
                 header,
                 timeout,
-                max_in_flight: config.max_in_flight,
                 permits: Semaphore::new(config.max_in_flight),
             }),
             template,
@@ -238,42 +236,26 @@ impl HttpSink {
             Err(e) => return Err(SinkError::new(&output, None, e)),
         };
         let calls = self.staged.len();
-        let lanes: VecDeque<Vec<Arc<Call>>> = lanes(&self.staged).into();
-        let workers = self.shared.max_in_flight.min(lanes.len());
-        let queue = Arc::new(Mutex::new(lanes));
+        let lanes = lanes(&self.staged);
         let shared = Arc::clone(&self.shared);
         let outcomes = self.runtime.block_on(async move {
-            // As many workers as requests may be in flight, each taking the next key's lane:
-            // a task per key made the runtime juggle a thousand tasks per batch.
             let mut set = tokio::task::JoinSet::new();
-            for _ in 0..workers {
-                let (shared, recorder, queue) =
-                    (Arc::clone(&shared), recorder.clone(), Arc::clone(&queue));
-                set.spawn(async move {
-                    let mut outcomes = Vec::new();
-                    loop {
-                        // A poisoned queue cannot be: nothing panics while holding it.
-                        let next = queue.lock().ok().and_then(|mut q| q.pop_front());
-                        let Some(lane) = next else {
-                            return outcomes;
-                        };
-                        let lane_outcome =
-                            call_lane(Arc::clone(&shared), recorder.clone(), lane, deadline);
-                        outcomes.push(lane_outcome.await);
-                    }
-                });
+            for lane in lanes {
+                set.spawn(call_lane(
+                    Arc::clone(&shared),
+                    recorder.clone(),
+                    lane,
+                    deadline,
+                ));
             }
             let mut outcomes = Vec::new();
             while let Some(done) = set.join_next().await {
-                // A worker neither panics nor is cancelled; a failure is one it could not
-                // finish.
-                match done {
-                    Ok(done) => outcomes.extend(done),
-                    Err(e) => outcomes.push(Outcome {
-                        refused: Vec::new(),
-                        out_of_time: Some(HttpError::Client(e.to_string())),
-                    }),
-                }
+                // A lane's task neither panics nor is cancelled; a failure is one it could
+                // not finish.
+                outcomes.push(done.unwrap_or_else(|e| Outcome {
+                    refused: Vec::new(),
+                    out_of_time: Some(HttpError::Client(e.to_string())),
+                }));
             }
             outcomes
         });
