@@ -24,11 +24,11 @@ pub mod error;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Method};
-use tokio::sync::Semaphore;
 
 use crate::topology::url_template::{self as template, UrlTemplate};
 pub use error::HttpError;
@@ -73,7 +73,8 @@ struct Shared {
     method: Method,
     header: HeaderName,
     timeout: Duration,
-    permits: Semaphore,
+    /// Requests at once, over all keys: as many workers.
+    max_in_flight: usize,
 }
 
 /// One `http` output of a job.
@@ -155,7 +156,7 @@ impl HttpSink {
                 method,
                 header,
                 timeout,
-                permits: Semaphore::new(config.max_in_flight),
+                max_in_flight: config.max_in_flight,
             }),
             template,
             event_id: config.event_id.clone(),
@@ -238,27 +239,9 @@ impl HttpSink {
         let calls = self.staged.len();
         let lanes = lanes(&self.staged);
         let shared = Arc::clone(&self.shared);
-        let outcomes = self.runtime.block_on(async move {
-            let mut set = tokio::task::JoinSet::new();
-            for lane in lanes {
-                set.spawn(call_lane(
-                    Arc::clone(&shared),
-                    recorder.clone(),
-                    lane,
-                    deadline,
-                ));
-            }
-            let mut outcomes = Vec::new();
-            while let Some(done) = set.join_next().await {
-                // A lane's task neither panics nor is cancelled; a failure is one it could
-                // not finish.
-                outcomes.push(done.unwrap_or_else(|e| Outcome {
-                    refused: Vec::new(),
-                    out_of_time: Some(HttpError::Client(e.to_string())),
-                }));
-            }
-            outcomes
-        });
+        let outcomes = self
+            .runtime
+            .block_on(call_lanes(shared, recorder, lanes, deadline));
         self.staged.clear();
         let output = self.shared.output.as_str();
         let mut refused: Vec<SinkError> = Vec::new();
@@ -324,141 +307,265 @@ fn lanes(staged: &[Arc<Call>]) -> Vec<Vec<Arc<Call>>> {
     lanes
 }
 
-/// Makes the calls of one key in order. A refused call is left behind (its record will be
-/// dead-lettered) and the next goes on; a call that cannot be made in time stops the lane.
-/// With `recorder`, the key of each call answered 2xx is recorded at once; a key that cannot
-/// be recorded stops the lane as a call out of time does.
-async fn call_lane(
+/// Makes the calls of every lane, with `max_in_flight` workers each taking the next lane
+/// from a queue and calling its keys' calls in order (a task per key made the runtime juggle
+/// a thousand tasks per batch, each waiting for a slot). A lane whose call must be retried
+/// does not hold its worker while it waits: it is parked on a timer of its own and queued
+/// again when the wait is over, and the worker takes another lane meanwhile.
+async fn call_lanes(
     shared: Arc<Shared>,
     recorder: Option<Arc<Recorder>>,
-    lane: Vec<Arc<Call>>,
+    lanes: Vec<Vec<Arc<Call>>>,
     deadline: Instant,
-) -> Outcome {
-    let mut outcome = Outcome::default();
-    for (i, call) in lane.iter().enumerate() {
-        match call_once_done(&shared, recorder.as_deref(), call, deadline).await {
-            Ok(()) => {}
-            Err(e @ HttpError::Refused { .. }) => outcome.refused.push((call.origin.clone(), e)),
-            Err(HttpError::OutOfTime {
-                method, url, last, ..
-            }) => {
-                outcome.out_of_time = Some(HttpError::OutOfTime {
-                    method,
-                    url,
-                    calls: lane.len() - i,
-                    last,
-                });
-                break;
+) -> Vec<Outcome> {
+    let workers = shared.max_in_flight.min(lanes.len());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let queue = Arc::new(Queue {
+        lanes: tokio::sync::Mutex::new(rx),
+        requeue: std::sync::Mutex::new(Some(tx.clone())),
+        open: AtomicUsize::new(lanes.len()),
+    });
+    for calls in lanes {
+        // The receiver is alive: it is in `queue`.
+        let _ = tx.send(Lane::new(calls));
+    }
+    drop(tx);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let (shared, recorder, queue) = (Arc::clone(&shared), recorder.clone(), Arc::clone(&queue));
+        set.spawn(async move {
+            let mut outcomes = Vec::new();
+            while let Some(mut lane) = queue.next().await {
+                match advance(&shared, recorder.as_deref(), &mut lane, deadline).await {
+                    Step::Finished => {
+                        outcomes.push(std::mem::take(&mut lane.outcome));
+                        queue.finished();
+                    }
+                    Step::Wait(delay) => queue.park(lane, delay),
+                }
             }
-            Err(e) => {
-                outcome.out_of_time = Some(e);
-                break;
+            outcomes
+        });
+    }
+    let mut outcomes = Vec::new();
+    while let Some(done) = set.join_next().await {
+        // A worker neither panics nor is cancelled; a failure is one it could not finish.
+        match done {
+            Ok(done) => outcomes.extend(done),
+            Err(e) => outcomes.push(Outcome {
+                refused: Vec::new(),
+                out_of_time: Some(HttpError::Client(e.to_string())),
+            }),
+        }
+    }
+    outcomes
+}
+
+/// The lanes waiting for a worker. It closes when the last lane is finished: the workers
+/// then see no next lane and end.
+struct Queue {
+    lanes: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Lane>>,
+    /// Queues a parked lane again; taken (and the queue closed) when no lane is open.
+    requeue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<Lane>>>,
+    /// Lanes not finished: queued, being called, or parked.
+    open: AtomicUsize,
+}
+
+impl Queue {
+    async fn next(&self) -> Option<Lane> {
+        self.lanes.lock().await.recv().await
+    }
+
+    fn finished(&self) {
+        if self.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Nothing panics while holding it, so it is never poisoned.
+            if let Ok(mut requeue) = self.requeue.lock() {
+                requeue.take();
             }
         }
     }
-    outcome
+
+    /// Queues `lane` again after `delay`, on a timer of its own.
+    fn park(&self, lane: Lane, delay: Duration) {
+        let requeue = self.requeue.lock().ok().and_then(|r| r.clone());
+        if let Some(requeue) = requeue {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                // The receiver lives while this lane is open.
+                let _ = requeue.send(lane);
+            });
+        }
+    }
 }
 
-/// One call, retried until it is done, refused, or out of time. With `recorder`, a call
-/// answered 2xx is done once its key is recorded; the request's permit is held until then, so
-/// at most `max_in_flight` calls are ever answered and not yet recorded.
-async fn call_once_done(
+/// One key's calls, how far they got, and the retries of the call at hand.
+struct Lane {
+    calls: Vec<Arc<Call>>,
+    next: usize,
+    retries: Retries,
+    outcome: Outcome,
+}
+
+impl Lane {
+    fn new(calls: Vec<Arc<Call>>) -> Lane {
+        Lane {
+            calls,
+            next: 0,
+            retries: BACKOFF.retries(),
+            outcome: Outcome::default(),
+        }
+    }
+
+    /// The call at hand is over (done or refused): on to the next, with fresh retries.
+    fn step(&mut self) {
+        self.next += 1;
+        self.retries = BACKOFF.retries();
+    }
+}
+
+/// Where a lane stopped.
+enum Step {
+    /// Every call is made or refused, or the lane could not go on (out of time).
+    Finished,
+    /// The call at hand is to be made again after this wait.
+    Wait(Duration),
+}
+
+/// Makes a lane's calls in order until they are all made or one must wait for a retry. A
+/// refused call is left behind (its record will be dead-lettered) and the next goes on; a
+/// call that cannot be made in time finishes the lane, naming the calls it leaves. With
+/// `recorder`, the key of each call answered 2xx is recorded at once; a key that cannot be
+/// recorded finishes the lane as a call out of time does.
+async fn advance(
     shared: &Shared,
     recorder: Option<&Recorder>,
-    call: &Call,
+    lane: &mut Lane,
     deadline: Instant,
-) -> Result<(), HttpError> {
-    let mut backoff: Retries = BACKOFF.retries();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+) -> Step {
+    while let Some(call) = lane.calls.get(lane.next).cloned() {
+        let left = lane.calls.len() - lane.next;
         let out_of_time = |last: String| HttpError::OutOfTime {
             method: shared.method.to_string(),
             url: call.url.to_string(),
-            calls: 1,
+            calls: left,
             last,
         };
-        if left < MIN_REQUEST_TIME {
-            return Err(out_of_time("no time left for a request".into()));
+        let time = deadline.saturating_duration_since(Instant::now());
+        if time < MIN_REQUEST_TIME {
+            lane.outcome.out_of_time = Some(out_of_time("no time left for a request".into()));
+            return Step::Finished;
         }
-        let (verdict, last) = {
-            // Held for the request only, not while backing off.
-            let _permit = shared
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| out_of_time("the sink is closing".into()))?;
-            let started = Instant::now();
-            let mut request = shared
-                .client
-                .request(shared.method.clone(), call.url.clone())
-                .header(&shared.header, call.idempotency_key.as_str())
-                .body(call.body.clone());
-            // The client's own timeout applies; a shorter one only when the deadline is nearer
-            // (a timer per request costs on a busy endpoint).
-            if left < shared.timeout {
-                request = request.timeout(left);
+        match attempt(shared, recorder, &call, time).await {
+            Attempt::Done => lane.step(),
+            Attempt::Refused(e) => {
+                lane.outcome.refused.push((call.origin.clone(), e));
+                lane.step();
             }
-            let answer = request.send().await;
-            match answer {
-                Ok(response) => {
-                    let status = response.status().as_u16();
-                    let retry_after = response
-                        .headers()
-                        .get(reqwest::header::RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    let verdict = classify(status, retry_after.as_deref());
-                    // The body is read to the end so that the connection can serve again.
-                    let body = response.bytes().await;
-                    telemetry::http_request(
-                        &shared.output,
-                        status_class(Some(status)),
-                        started.elapsed(),
-                    );
-                    match (verdict, body) {
-                        (Verdict::Done, _) => {
-                            return match recorder {
-                                Some(r) => r.record(&call.idempotency_key).await,
-                                None => Ok(()),
-                            };
-                        }
-                        (Verdict::Refused, body) => {
-                            let body = body.map_or_else(
-                                |e| format!("(body unreadable: {e})"),
-                                |b| excerpt(&b),
-                            );
-                            return Err(HttpError::Refused {
-                                method: shared.method.to_string(),
-                                url: call.url.to_string(),
-                                status,
-                                body,
-                            });
-                        }
-                        (verdict, body) => {
-                            let body = body.map(|b| excerpt(&b)).unwrap_or_default();
-                            (verdict, format!("answered {status}: {body}"))
-                        }
-                    }
-                }
-                Err(e) => {
-                    telemetry::http_request(&shared.output, status_class(None), started.elapsed());
-                    (Verdict::Retry { after: None }, describe(&e))
-                }
+            Attempt::Failed(e) => {
+                lane.outcome.out_of_time = Some(e);
+                return Step::Finished;
             }
-        };
-        let after = match verdict {
-            Verdict::Retry { after } => after,
-            _ => None,
-        };
-        let Some(delay) = backoff.next_delay(deadline) else {
-            return Err(out_of_time(last));
-        };
-        let delay = after.map_or(delay, |a| a.max(delay));
-        if Instant::now() + delay >= deadline {
-            return Err(out_of_time(last));
+            Attempt::Retry { after, last } => {
+                let Some(delay) = lane.retries.next_delay(deadline) else {
+                    lane.outcome.out_of_time = Some(out_of_time(last));
+                    return Step::Finished;
+                };
+                let delay = after.map_or(delay, |a| a.max(delay));
+                if Instant::now() + delay >= deadline {
+                    lane.outcome.out_of_time = Some(out_of_time(last));
+                    return Step::Finished;
+                }
+                telemetry::http_retry(&shared.output, &call.origin, lane.retries.attempt(), &last);
+                return Step::Wait(delay);
+            }
         }
-        telemetry::http_retry(&shared.output, &call.origin, backoff.attempt(), &last);
-        tokio::time::sleep(delay).await;
+    }
+    Step::Finished
+}
+
+/// What one request came to.
+enum Attempt {
+    /// Answered 2xx (and, with a recorder, its key recorded).
+    Done,
+    /// Refused for good.
+    Refused(HttpError),
+    /// To be made again: after at least `after` when the answer asked for it.
+    Retry {
+        after: Option<Duration>,
+        last: String,
+    },
+    /// Answered 2xx but its key could not be recorded.
+    Failed(HttpError),
+}
+
+/// One request, with at most `time` to answer. With `recorder`, a call answered 2xx is done
+/// once its key is recorded; its worker waits for that before it takes another call, so at
+/// most `max_in_flight` calls are ever answered and not yet recorded.
+async fn attempt(
+    shared: &Shared,
+    recorder: Option<&Recorder>,
+    call: &Call,
+    time: Duration,
+) -> Attempt {
+    let started = Instant::now();
+    let mut request = shared
+        .client
+        .request(shared.method.clone(), call.url.clone())
+        .header(&shared.header, call.idempotency_key.as_str())
+        .body(call.body.clone());
+    // The client's own timeout applies; a shorter one only when the deadline is nearer (a
+    // timer per request costs on a busy endpoint).
+    if time < shared.timeout {
+        request = request.timeout(time);
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(e) => {
+            telemetry::http_request(&shared.output, status_class(None), started.elapsed());
+            return Attempt::Retry {
+                after: None,
+                last: describe(&e),
+            };
+        }
+    };
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let verdict = classify(status, retry_after.as_deref());
+    // The body is read to the end so that the connection can serve again.
+    let body = response.bytes().await;
+    telemetry::http_request(
+        &shared.output,
+        status_class(Some(status)),
+        started.elapsed(),
+    );
+    match (verdict, body) {
+        (Verdict::Done, _) => match recorder {
+            Some(r) => match r.record(&call.idempotency_key).await {
+                Ok(()) => Attempt::Done,
+                Err(e) => Attempt::Failed(e),
+            },
+            None => Attempt::Done,
+        },
+        (Verdict::Refused, body) => {
+            let body = body.map_or_else(|e| format!("(body unreadable: {e})"), |b| excerpt(&b));
+            Attempt::Refused(HttpError::Refused {
+                method: shared.method.to_string(),
+                url: call.url.to_string(),
+                status,
+                body,
+            })
+        }
+        (Verdict::Retry { after }, body) => {
+            let body = body.map(|b| excerpt(&b)).unwrap_or_default();
+            Attempt::Retry {
+                after,
+                last: format!("answered {status}: {body}"),
+            }
+        }
     }
 }
 
@@ -517,6 +624,80 @@ mod tests {
             idempotency_key: offset.to_string(),
             body: bytes::Bytes::new(),
         })
+    }
+
+    /// A server on a thread of its own: answers 200, except the first call of key `a`, which
+    /// gets a 429 asking to wait a second. Returns its address and the keys called, in order.
+    fn server_asking_a_to_wait() -> (std::net::SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+        use axum::http::StatusCode;
+        use axum::response::IntoResponse;
+        let called = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = Arc::clone(&called);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let app = axum::Router::new().route(
+                    "/k/{key}",
+                    axum::routing::post(
+                        move |axum::extract::Path(key): axum::extract::Path<String>| {
+                            let log = Arc::clone(&log);
+                            async move {
+                                let mut log = log.lock().unwrap();
+                                let first = !log.contains(&key);
+                                log.push(key.clone());
+                                if key == "a" && first {
+                                    (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")])
+                                        .into_response()
+                                } else {
+                                    StatusCode::OK.into_response()
+                                }
+                            }
+                        },
+                    ),
+                );
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        (rx.recv().unwrap(), called)
+    }
+
+    #[test]
+    fn a_key_waiting_out_a_retry_gives_its_slot_to_the_other_keys() {
+        let (addr, called) = server_asking_a_to_wait();
+        let yaml = format!("url: http://{addr}/k/{{key}}\nmax_in_flight: 1\n");
+        let config: HttpOutput = serde_saphyr::from_str(&yaml).unwrap();
+        let mut sink = HttpSink::new("t", "out", &config).unwrap();
+        let keys = ["a", "b", "c", "d", "e", "f"];
+        for (offset, key) in keys.iter().enumerate() {
+            let record = Record {
+                key: Some(key.as_bytes().to_vec()),
+                value: Some(b"{}".to_vec()),
+                headers: Vec::new(),
+                timestamp: None,
+                origin: Origin {
+                    topic: "t".into(),
+                    partition: 0,
+                    offset: offset as i64,
+                },
+            };
+            sink.stage(&record).unwrap();
+        }
+        assert!(
+            sink.apply(Instant::now() + Duration::from_secs(30))
+                .unwrap()
+        );
+        // With one request at a time, the other keys are called while `a` waits its second,
+        // and `a` is called again last.
+        assert_eq!(
+            *called.lock().unwrap(),
+            vec!["a", "b", "c", "d", "e", "f", "a"]
+        );
     }
 
     #[test]
