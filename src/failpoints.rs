@@ -12,12 +12,17 @@ pub const TRANSIENT_FAILURES: &str = "ONCEFLOW_FAILPOINT_TRANSIENT_FAILURES";
 /// transaction commits.
 pub const EXIT_AFTER_DB_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT";
 
+/// An outbox relay aborts the process right after its n-th Kafka commit, before the
+/// database commit that deletes the rows it published.
+pub const EXIT_AFTER_KAFKA_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_KAFKA_COMMIT";
+
 /// The failpoints of this process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Failpoints {
     pub abort_every: Option<u64>,
     pub transient_failures: u64,
     pub exit_after_db_commit: Option<u64>,
+    pub exit_after_kafka_commit: Option<u64>,
 }
 
 impl Failpoints {
@@ -32,6 +37,7 @@ impl Failpoints {
             abort_every: number(ABORT_EVERY).filter(|n| *n > 0),
             transient_failures: number(TRANSIENT_FAILURES).unwrap_or(0),
             exit_after_db_commit: number(EXIT_AFTER_DB_COMMIT),
+            exit_after_kafka_commit: number(EXIT_AFTER_KAFKA_COMMIT),
         }
     }
 }
@@ -61,9 +67,18 @@ mod tests {
                 abort_every: Some(4),
                 transient_failures: 3,
                 exit_after_db_commit: Some(2),
+                exit_after_kafka_commit: None,
             }
         );
         let zero = Failpoints::from_lookup(|name| (name == ABORT_EVERY).then(|| "0".into()));
         assert_eq!(zero.abort_every, None, "every 0th transaction means none");
+    }
+
+    #[test]
+    fn the_relay_failpoint_is_read_by_name() {
+        let fp =
+            Failpoints::from_lookup(|name| (name == EXIT_AFTER_KAFKA_COMMIT).then(|| "7".into()));
+        assert_eq!(fp.exit_after_kafka_commit, Some(7));
+        assert_eq!(fp.exit_after_db_commit, None);
     }
 }

@@ -53,6 +53,7 @@ pub mod failpoints;
 pub mod histogram;
 pub mod kafka;
 pub mod record;
+pub mod relay;
 pub mod retry;
 pub mod sink;
 pub mod source;

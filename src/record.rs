@@ -51,6 +51,8 @@ pub enum ErrorKind {
     /// An output with `on_sequence_gap: dead_letter` met a sequence that does not follow the
     /// stored one: the sequences between are missing.
     SequenceGap,
+    /// A record has nowhere to go: the topic its route names does not exist.
+    Unroutable,
 }
 
 impl ErrorKind {
@@ -63,7 +65,8 @@ impl ErrorKind {
             | ErrorKind::Expression
             | ErrorKind::TooLarge
             | ErrorKind::Rejected
-            | ErrorKind::SequenceGap => true,
+            | ErrorKind::SequenceGap
+            | ErrorKind::Unroutable => true,
             ErrorKind::Unavailable => false,
         }
     }
@@ -79,6 +82,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Rejected => "rejected",
             ErrorKind::SequenceGap => "sequence_gap",
+            ErrorKind::Unroutable => "unroutable",
         }
     }
 }

@@ -249,9 +249,9 @@ fn input_record(topology: &Topology, n: usize, input: &InputRecord) -> Result<Re
     let topic = input
         .topic
         .clone()
-        .or_else(|| topology.inputs.first().map(|i| i.topic.clone()))
+        .or_else(|| topology.inputs.first().map(|i| i.source_name()))
         .unwrap_or_default();
-    if !topology.inputs.iter().any(|i| i.topic == topic) {
+    if !topology.inputs.iter().any(|i| i.source_name() == topic) {
         return Err(format!(
             "input[{n}]: `{topic}` is not an input topic of the topology"
         ));

@@ -64,6 +64,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         transient_failures: failpoints.transient_failures,
         abort_every: failpoints.abort_every,
         exit_after_db_commit: failpoints.exit_after_db_commit,
+        exit_after_kafka_commit: failpoints.exit_after_kafka_commit,
         progress_every: (args.progress_secs > 0).then(|| Duration::from_secs(args.progress_secs)),
     };
     let bootstrap = args

@@ -65,6 +65,8 @@ pub enum EngineError {
     },
     #[error(transparent)]
     Sink(#[from] SinkError),
+    #[error(transparent)]
+    Relay(#[from] crate::relay::RelayError),
 }
 
 fn issues(list: &[ConfigIssue]) -> String {
@@ -86,6 +88,9 @@ pub struct RunOptions {
     /// Test-only failpoint: abort the process right after the n-th database commit of the
     /// sinks, before the Kafka transaction commits.
     pub exit_after_db_commit: Option<u64>,
+    /// Test-only failpoint (outbox relays): abort the process right after the n-th Kafka
+    /// commit, before the database commit that deletes the published rows.
+    pub exit_after_kafka_commit: Option<u64>,
     /// How often a progress line is logged.
     pub progress_every: Option<Duration>,
     /// Where the job reports its readiness.
@@ -129,6 +134,12 @@ pub fn run(
     options: &RunOptions,
     shutdown: &AtomicBool,
 ) -> Result<Summary, EngineError> {
+    if topology.outbox().is_some() {
+        return crate::relay::run(topology, identity, options, shutdown).map_err(|e| {
+            telemetry::fatal(&e);
+            EngineError::from(e)
+        });
+    }
     let started = Instant::now();
     let _job_span = tracing::info_span!("job", topology = %topology.name).entered();
     let (consumer, txn) = connect(topology, identity, options)?;

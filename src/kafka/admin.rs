@@ -82,7 +82,23 @@ impl Admin {
     /// create the topic anyway: the request is tried three times, and "already exists" on a
     /// later try counts as created.
     pub fn create_topic(&self, name: &str, partitions: i32) -> Result<(), AdminError> {
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        self.create(NewTopic::new(name, partitions, TopicReplication::Fixed(1)))
+    }
+
+    /// Creates a compacted topic (the last record of each key is kept), replicated on up to
+    /// three brokers, and waits for its leaders.
+    pub fn create_compacted_topic(&self, name: &str, partitions: i32) -> Result<(), AdminError> {
+        let brokers = self.metadata(Duration::from_secs(10))?.brokers.len().max(1);
+        let replication = brokers.min(3) as i32;
+        let min_insync = (replication - 1).max(1).to_string();
+        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+            .set("cleanup.policy", "compact")
+            .set("min.insync.replicas", &min_insync);
+        self.create(topic)
+    }
+
+    fn create(&self, topic: NewTopic<'_>) -> Result<(), AdminError> {
+        let (name, partitions) = (topic.name, topic.num_partitions);
         let opts = AdminOptions::new()
             .operation_timeout(Some(Duration::from_secs(60)))
             .request_timeout(Some(Duration::from_secs(70)));

@@ -39,6 +39,13 @@ pub const HTTP_REQUESTS: &str = "onceflow_http_requests_total";
 pub const HTTP_RETRIES: &str = "onceflow_http_retries_total";
 pub const HTTP_DEDUPLICATED: &str = "onceflow_http_deduplicated_total";
 pub const HTTP_DURATION: &str = "onceflow_http_request_duration_seconds";
+pub const OUTBOX_PUBLISHED: &str = "onceflow_outbox_rows_published_total";
+pub const OUTBOX_BATCHES: &str = "onceflow_outbox_batches_total";
+pub const OUTBOX_RESOLVED: &str = "onceflow_outbox_rows_resolved_total";
+pub const OUTBOX_PENDING: &str = "onceflow_outbox_pending_rows";
+pub const OUTBOX_OLDEST: &str = "onceflow_outbox_oldest_pending_seconds";
+pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
+pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 
 /// Every metric with its help text, for `/metrics` and the README.
 pub const CATALOGUE: &[(&str, &str)] = &[
@@ -135,6 +142,34 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         HTTP_DURATION,
         "Time from sending a request of an HTTP output to its answer, by output.",
     ),
+    (
+        OUTBOX_PUBLISHED,
+        "Outbox rows published (committed in Kafka, then deleted), by table.",
+    ),
+    (
+        OUTBOX_BATCHES,
+        "Batches of outbox rows published, one Kafka transaction each, by table.",
+    ),
+    (
+        OUTBOX_RESOLVED,
+        "Outbox rows found published but not yet deleted when a relay took their shard (a crash between the Kafka and the database commit), deleted without publishing them again, by table.",
+    ),
+    (
+        OUTBOX_PENDING,
+        "Rows in the outbox table, not yet published, by table.",
+    ),
+    (
+        OUTBOX_OLDEST,
+        "Age of the oldest row in the outbox table (needs columns.created_at), by table.",
+    ),
+    (
+        OUTBOX_SHARDS,
+        "Shards of the outbox table this relay publishes; a relay with none is a standby, by table.",
+    ),
+    (
+        OUTBOX_LATENCY,
+        "Time from an outbox row's insert (columns.created_at) to the commit of the Kafka transaction that published it, by table.",
+    ),
 ];
 
 /// Installs the Prometheus recorder with `topology` as a global label. Gauges of partitions
@@ -162,6 +197,14 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
                     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 ],
             )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(OUTBOX_LATENCY.to_string()),
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                ],
+            )
         })?
         .install_recorder()?;
     describe();
@@ -174,7 +217,7 @@ fn describe() {
         let help = *help;
         if name.ends_with("_total") {
             describe_counter!(name, help);
-        } else if name == COMMIT_DURATION || name == HTTP_DURATION {
+        } else if name == COMMIT_DURATION || name == HTTP_DURATION || name == OUTBOX_LATENCY {
             describe_histogram!(name, Unit::Seconds, help);
         } else if name == TXN_RECORDS {
             describe_histogram!(name, Unit::Count, help);

@@ -410,3 +410,112 @@ pub fn failpoint_exit_after_db_commit(commits: u64) {
         "failpoint: aborting the process after a database commit, before the Kafka commit"
     );
 }
+
+// The outbox relay.
+
+pub fn relay_started(topology: &str, instance: &str, table: &str, shards: u32, progress: &str) {
+    info!(
+        topology,
+        instance,
+        table,
+        shards,
+        progress_topic = progress,
+        "outbox relay started"
+    );
+}
+
+pub fn progress_topic_created(topic: &str, partitions: u32) {
+    info!(
+        topic,
+        partitions, "outbox progress topic created (compacted, a partition per shard)"
+    );
+}
+
+pub fn relay_connected(table: &str) {
+    info!(table, "outbox relay connected to the database");
+}
+
+pub fn shard_taken(table: &str, shard: u32) {
+    info!(
+        table,
+        shard, "outbox shard taken: fencing its previous publisher and resolving it"
+    );
+}
+
+/// Rows in the table, the age of the oldest (when known), and the shards this relay holds.
+pub fn outbox_pending(table: &str, rows: i64, oldest_ms: Option<i64>, shards: usize) {
+    let t = table.to_string();
+    gauge!(m::OUTBOX_PENDING, "table" => t.clone()).set(rows as f64);
+    if let Some(ms) = oldest_ms {
+        gauge!(m::OUTBOX_OLDEST, "table" => t.clone()).set(ms.max(0) as f64 / 1e3);
+    } else if rows == 0 {
+        gauge!(m::OUTBOX_OLDEST, "table" => t.clone()).set(0.0);
+    }
+    gauge!(m::OUTBOX_SHARDS, "table" => t).set(shards as f64);
+}
+
+/// Rows published before (their progress record committed) but not deleted, deleted now.
+pub fn outbox_resolved(table: &str, shard: u32, rows: u64, by: &str) {
+    counter!(m::OUTBOX_RESOLVED, "table" => table.to_string()).increment(rows);
+    if rows > 0 {
+        warn!(
+            table,
+            shard,
+            rows,
+            published_by = by,
+            "outbox rows published before a crash and not deleted: deleted now, not published again"
+        );
+    }
+}
+
+/// A batch committed in Kafka; `latencies` from each row's insert to the commit.
+pub fn outbox_published(table: &str, rows: u64, latencies: impl Iterator<Item = Duration>) {
+    let t = table.to_string();
+    counter!(m::OUTBOX_PUBLISHED, "table" => t.clone()).increment(rows);
+    counter!(m::OUTBOX_BATCHES, "table" => t.clone()).increment(1);
+    let latency = histogram!(m::OUTBOX_LATENCY, "table" => t);
+    for l in latencies {
+        latency.record(l.as_secs_f64());
+    }
+}
+
+pub fn failpoint_exit_after_kafka_commit(commits: u64) {
+    error!(
+        commits,
+        "failpoint: aborting the process after a Kafka commit, before the database commit"
+    );
+}
+
+pub fn relay_connection_lost(table: &str, shards: usize, error: &dyn std::fmt::Display) {
+    warn!(
+        table,
+        shards,
+        %error,
+        "outbox relay lost its database connection, and with it its shards; reconnecting"
+    );
+}
+
+pub fn relay_kafka_failed(table: &str, shard: u32, error: &str) {
+    warn!(
+        table,
+        shard, error, "outbox batch not published (aborted); the shard is resolved again"
+    );
+}
+
+pub fn relay_retry(attempt: u32, delay: Duration, why: &str) {
+    counter!(m::RETRIES, "stage" => "outbox").increment(1);
+    debug!(
+        attempt,
+        delay_ms = delay.as_millis() as u64,
+        why,
+        "outbox relay retrying after a backoff"
+    );
+}
+
+pub fn outbox_row_failed(table: &str, id: &str, error: &crate::record::RecordError) {
+    warn!(table, id, kind = error.kind.name(), %error, "outbox row failed");
+}
+
+pub fn publish_abort_failed(why: &dyn std::fmt::Display, error: &dyn std::fmt::Display) {
+    warn!(%why, %error, "cannot abort the transaction; the next producer with its id fences it");
+}

@@ -24,9 +24,11 @@ use serde::Deserialize;
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 
 pub mod http;
+pub mod outbox;
 pub mod postgres;
 pub mod url_template;
 pub use http::HttpOutput;
+pub use outbox::OutboxInput;
 pub use postgres::PostgresOutput;
 
 /// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
@@ -58,6 +60,8 @@ pub struct Topology {
     #[serde(default)]
     pub pipeline: Vec<Processor>,
     /// Where the job writes: a Kafka topic (inside its transactions) and/or PostgreSQL tables.
+    /// Only an outbox relay may have none (it routes by aggregate type).
+    #[serde(default)]
     pub outputs: Vec<Output>,
     /// Transaction and commit settings.
     #[serde(default)]
@@ -79,15 +83,57 @@ pub struct DeadLetter {
     pub topic: Option<String>,
 }
 
-/// A consumed topic.
+/// A consumed topic, or an outbox table.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "InputFile")]
 pub struct Input {
-    /// Topic name.
+    /// Topic name (empty for a `postgres_outbox` input: exactly one of the two is given).
     pub topic: String,
+    /// A PostgreSQL outbox table relayed to Kafka (see [`OutboxInput`]); the only input of
+    /// its topology.
+    pub postgres_outbox: Option<OutboxInput>,
     /// How record values of this topic are decoded. Default: `raw`.
     #[serde(default)]
     pub codec: Codec,
+}
+
+impl Input {
+    /// The topic records of this input come from: the topic, or `postgres:<table>` for an
+    /// outbox.
+    pub fn source_name(&self) -> String {
+        match &self.postgres_outbox {
+            Some(o) => crate::source::outbox::origin_topic(&o.table),
+            None => self.topic.clone(),
+        }
+    }
+}
+
+/// An input as the file gives it: a `topic` is required unless a `postgres_outbox` is given.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputFile {
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    postgres_outbox: Option<OutboxInput>,
+    #[serde(default)]
+    codec: Codec,
+}
+
+impl TryFrom<InputFile> for Input {
+    type Error = String;
+
+    fn try_from(f: InputFile) -> Result<Input, String> {
+        match (f.topic, f.postgres_outbox) {
+            // Worded as serde words it, so that the problem is named at `inputs[i].topic`.
+            (None, None) => Err("missing field `topic`".into()),
+            (topic, postgres_outbox) => Ok(Input {
+                topic: topic.unwrap_or_default(),
+                postgres_outbox,
+                codec: f.codec,
+            }),
+        }
+    }
 }
 
 /// How a record value is read or written.
@@ -467,15 +513,58 @@ impl Topology {
             issue("inputs".into(), "at least one input topic is needed");
         }
         for (i, input) in self.inputs.iter().enumerate() {
-            if input.topic.trim().is_empty() {
-                issue(format!("inputs[{i}].topic"), "must not be empty");
+            match &input.postgres_outbox {
+                None if input.topic.trim().is_empty() => {
+                    issue(format!("inputs[{i}].topic"), "must not be empty");
+                }
+                None => {}
+                Some(_) if !input.topic.is_empty() => issue(
+                    format!("inputs[{i}]"),
+                    "needs exactly one of `topic` and `postgres_outbox`",
+                ),
+                Some(outbox) => {
+                    if self.inputs.len() > 1 {
+                        issue(
+                            format!("inputs[{i}].postgres_outbox"),
+                            "must be the only input of its topology (a relay is a job of its own)",
+                        );
+                    }
+                    if input.codec != Codec::Json {
+                        issue(
+                            format!("inputs[{i}].codec"),
+                            "must be `json` for a `postgres_outbox` input (its payloads are JSON)",
+                        );
+                    }
+                    for i in outbox.validate(&format!("inputs[{i}].postgres_outbox")) {
+                        issue(i.path, &i.message);
+                    }
+                    if self.outputs.is_empty() && !self.pipeline.is_empty() {
+                        issue(
+                            "pipeline".into(),
+                            "a relay without outputs publishes rows as they are (to `topic_prefix` + aggregate type): give outputs to transform them",
+                        );
+                    }
+                    for (o, output) in self.outputs.iter().enumerate() {
+                        if output.postgres.is_some() || output.http.is_some() {
+                            issue(
+                                format!("outputs[{o}]"),
+                                "a relay writes Kafka topics only (`topic`)",
+                            );
+                        }
+                    }
+                }
             }
         }
     }
 
+    /// The outbox this topology relays, when its input is a `postgres_outbox`.
+    pub fn outbox(&self) -> Option<&OutboxInput> {
+        self.inputs.iter().find_map(|i| i.postgres_outbox.as_ref())
+    }
+
     /// That there are outputs; the topics and names of topic outputs.
     fn validate_outputs(&self, issue: &mut dyn FnMut(String, &str)) {
-        if self.outputs.is_empty() {
+        if self.outputs.is_empty() && self.outbox().is_none() {
             issue("outputs".into(), "at least one output is needed");
         }
         let mut names = BTreeSet::new();
@@ -743,7 +832,11 @@ impl Topology {
 
     /// The input topic names.
     pub fn input_topics(&self) -> Vec<&str> {
-        self.inputs.iter().map(|i| i.topic.as_str()).collect()
+        self.inputs
+            .iter()
+            .filter(|i| i.postgres_outbox.is_none())
+            .map(|i| i.topic.as_str())
+            .collect()
     }
 }
 

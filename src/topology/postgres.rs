@@ -330,7 +330,7 @@ impl PostgresOutput {
     }
 }
 
-pub(super) fn is_env_name(s: &str) -> bool {
+pub(crate) fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars
         .next()
@@ -338,7 +338,7 @@ pub(super) fn is_env_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-pub(super) fn is_table_name(s: &str) -> bool {
+pub(crate) fn is_table_name(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
     parts.len() <= 2
         && parts.iter().all(|p| {

@@ -149,7 +149,7 @@ impl Pipeline {
                 decoders: topology
                     .inputs
                     .iter()
-                    .map(|i| (i.topic.clone(), crate::codec::decoder(i.codec)))
+                    .map(|i| (i.source_name(), crate::codec::decoder(i.codec)))
                     .collect(),
                 steps,
                 route,

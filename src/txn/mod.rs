@@ -18,12 +18,14 @@ mod coordinator;
 pub mod offsets;
 pub mod participant;
 mod producer;
+pub mod publish;
 
 use rdkafka::error::KafkaError;
 
 pub use collector::payload_len;
 pub use coordinator::{Added, Committed, Txn, TxnSettings, TxnStats};
 pub use participant::{Failure, Participant, ParticipantError, Refusal, Severity};
+pub use publish::Publisher;
 
 /// Why a transaction was aborted; a bounded label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

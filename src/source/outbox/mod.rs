@@ -1,0 +1,536 @@
+//! The PostgreSQL outbox source: the statements a relay runs against an outbox table, its rows
+//! as records, and the progress records that say which rows a Kafka transaction published.
+//! Everything here is pure (SQL text, encodings); [`crate::relay`] carries it out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{Origin, Record};
+use crate::topology::OutboxInput;
+use crate::topology::outbox::OutboxColumns;
+
+/// Header of every relayed record: the row's id, the key downstream deduplication uses.
+pub const EVENT_ID_HEADER: &str = "event-id";
+/// Header of every relayed record: the row's event type.
+pub const EVENT_TYPE_HEADER: &str = "event-type";
+/// Header of every relayed record: the row's aggregate type (what routes it by default).
+pub const AGGREGATE_TYPE_HEADER: &str = "aggregate-type";
+
+/// How the payload column is read, by its type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadType {
+    /// `bytea`: the bytes as they are.
+    Bytes,
+    /// `jsonb`, `json`, `text` or another type PostgreSQL can cast to text: its text.
+    Text,
+}
+
+/// The outbox table as the relay found it at start.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub table: String,
+    pub columns: OutboxColumns,
+    /// The id column's type as PostgreSQL names it (`bigint`, `uuid`), to cast ids given as
+    /// text back to it (so the primary key's index serves the deletes).
+    pub id_type: String,
+    /// The column rows are published in the order of.
+    pub order_by: String,
+    pub payload: PayloadType,
+    pub shards: u32,
+}
+
+/// A column of the outbox table, as the catalogue describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    /// `format_type` of the column: `bigint`, `uuid`, `jsonb`, `timestamp with time zone`...
+    pub type_name: String,
+}
+
+/// The columns of `table` (schema-qualified or on the search path), in order.
+pub const COLUMNS_SQL: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
+     FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
+     ORDER BY a.attnum";
+
+/// What is wrong with an outbox table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("outbox table {0} does not exist")]
+    NoTable(String),
+    #[error("outbox table {table} has no column `{column}` (columns.{field}); it has: {has}")]
+    NoColumn {
+        table: String,
+        column: String,
+        field: &'static str,
+        has: String,
+    },
+    #[error(
+        "outbox table {table}: columns.{field} `{column}` is {type_name}, it must be {expected}"
+    )]
+    WrongType {
+        table: String,
+        column: String,
+        field: &'static str,
+        type_name: String,
+        expected: &'static str,
+    },
+}
+
+impl Layout {
+    /// Checks the table's columns against the input's configuration.
+    pub fn check(config: &OutboxInput, columns: &[Column]) -> Result<Layout, LayoutError> {
+        if columns.is_empty() {
+            return Err(LayoutError::NoTable(config.table.clone()));
+        }
+        let c = &config.columns;
+        let find = |field: &'static str, name: &str| {
+            columns
+                .iter()
+                .find(|col| col.name == name)
+                .ok_or_else(|| LayoutError::NoColumn {
+                    table: config.table.clone(),
+                    column: name.to_string(),
+                    field,
+                    has: columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+        };
+        let id = find("id", &c.id)?;
+        find("aggregatetype", &c.aggregatetype)?;
+        find("aggregateid", &c.aggregateid)?;
+        find("type", &c.r#type)?;
+        let payload = find("payload", &c.payload)?;
+        if let Some(h) = &c.headers {
+            let headers = find("headers", h)?;
+            if !matches!(headers.type_name.as_str(), "jsonb" | "json") {
+                return Err(LayoutError::WrongType {
+                    table: config.table.clone(),
+                    column: h.clone(),
+                    field: "headers",
+                    type_name: headers.type_name.clone(),
+                    expected: "jsonb or json (an object of header names to strings)",
+                });
+            }
+        }
+        if let Some(t) = &c.created_at {
+            let created = find("created_at", t)?;
+            if !created.type_name.starts_with("timestamp") {
+                return Err(LayoutError::WrongType {
+                    table: config.table.clone(),
+                    column: t.clone(),
+                    field: "created_at",
+                    type_name: created.type_name.clone(),
+                    expected: "a timestamp",
+                });
+            }
+        }
+        let integer = |c: &Column| {
+            matches!(
+                c.type_name.as_str(),
+                "bigint" | "integer" | "smallint" | "numeric"
+            )
+        };
+        let order_by = match &c.order {
+            Some(o) => {
+                let order = find("order", o)?;
+                if !integer(order) {
+                    return Err(LayoutError::WrongType {
+                        table: config.table.clone(),
+                        column: o.clone(),
+                        field: "order",
+                        type_name: order.type_name.clone(),
+                        expected: "an integer in insert order (bigserial)",
+                    });
+                }
+                o.clone()
+            }
+            // The ids give the order of publication: a uuid or text id has none.
+            None if !integer(id) => {
+                return Err(LayoutError::WrongType {
+                    table: config.table.clone(),
+                    column: c.id.clone(),
+                    field: "id",
+                    type_name: id.type_name.clone(),
+                    expected: "an integer (bigserial), or name columns.order, an integer column in insert order",
+                });
+            }
+            None => c.id.clone(),
+        };
+        Ok(Layout {
+            table: config.table.clone(),
+            columns: c.clone(),
+            id_type: id.type_name.clone(),
+            order_by,
+            payload: if payload.type_name == "bytea" {
+                PayloadType::Bytes
+            } else {
+                PayloadType::Text
+            },
+            shards: config.shards,
+        })
+    }
+
+    /// The shard of the rows a statement is about, as SQL over the aggregate id: `$1` is the
+    /// shard count and `$2` the shard. With one shard, every row.
+    fn shard_predicate(&self) -> String {
+        if self.shards <= 1 {
+            return "($1::int4 = $1 AND $2::int4 = $2)".into();
+        }
+        format!(
+            "(hashtext({}::text) & 2147483647) % $1::int4 = $2::int4",
+            self.columns.aggregateid
+        )
+    }
+
+    /// Claims the next rows of a shard (`$1` shards, `$2` shard, `$3` how many), oldest
+    /// first, locking them for the claiming transaction: id, aggregate type, aggregate id,
+    /// type, payload, headers (text or NULL), insert time in ms (or NULL).
+    pub fn claim_sql(&self) -> String {
+        let c = &self.columns;
+        let payload = match self.payload {
+            PayloadType::Bytes => c.payload.clone(),
+            PayloadType::Text => format!("convert_to({}::text, 'UTF8')", c.payload),
+        };
+        let headers = c
+            .headers
+            .as_ref()
+            .map_or("NULL::text".to_string(), |h| format!("{h}::text"));
+        let created = c.created_at.as_ref().map_or("NULL::int8".to_string(), |t| {
+            format!("(extract(epoch from {t}) * 1000)::int8")
+        });
+        format!(
+            // The output columns are aliased: `ORDER BY id` would otherwise sort by the output
+            // column `id::text`, and "10" comes before "9".
+            "SELECT {id}::text AS o_id, {at}::text AS o_at, {ai}::text AS o_ai, {ty}::text AS o_ty, \
+             {payload} AS o_payload, {headers} AS o_headers, {created} AS o_created \
+             FROM {table} WHERE {shard} ORDER BY {order} LIMIT $3::int8 FOR UPDATE SKIP LOCKED",
+            id = c.id,
+            at = c.aggregatetype,
+            ai = c.aggregateid,
+            ty = c.r#type,
+            table = self.table,
+            order = self.order_by,
+            shard = self.shard_predicate(),
+        )
+    }
+
+    /// Deletes rows by id (`$1`, ids as text).
+    pub fn delete_sql(&self) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} = ANY($1::text[]::{}[])",
+            self.table, self.columns.id, self.id_type
+        )
+    }
+
+    /// Rows waiting, and the age in ms of the oldest (NULL without `created_at`).
+    pub fn pending_sql(&self) -> String {
+        let age = self
+            .columns
+            .created_at
+            .as_ref()
+            .map_or("NULL::int8".to_string(), |t| {
+                format!("(extract(epoch from (now() - min({t}))) * 1000)::int8")
+            });
+        format!("SELECT count(*)::int8, {age} FROM {}", self.table)
+    }
+
+    /// The advisory lock of a shard: a pair of keys, the table's and the shard's.
+    pub fn lock_keys(&self, shard: u32) -> (i32, i32) {
+        (table_key(&self.table), shard as i32)
+    }
+}
+
+/// The first key of a table's shard locks: a stable hash of its name (FNV-1a), so that every
+/// relay of the table computes the same one.
+fn table_key(table: &str) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in table.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h as i32
+}
+
+/// One claimed row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub id: String,
+    pub aggregatetype: String,
+    pub aggregateid: String,
+    pub event_type: String,
+    pub payload: Option<Vec<u8>>,
+    /// The headers column's text (a JSON object), when there is one.
+    pub headers: Option<String>,
+    pub created_ms: Option<i64>,
+}
+
+/// Why a row cannot become a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("row {id}: headers column is not an object of strings: {message}")]
+pub struct RowError {
+    pub id: String,
+    pub message: String,
+}
+
+impl Row {
+    /// The record of the row: key = aggregate id, value = payload, headers `event-id`,
+    /// `event-type`, `aggregate-type` and those of the headers column. Its origin names the
+    /// table, the shard and (as offset) the id.
+    pub fn to_record(&self, table: &str, shard: u32) -> (Record, Option<RowError>) {
+        let mut headers = vec![
+            (EVENT_ID_HEADER.to_string(), self.id.clone().into_bytes()),
+            (
+                EVENT_TYPE_HEADER.to_string(),
+                self.event_type.clone().into_bytes(),
+            ),
+            (
+                AGGREGATE_TYPE_HEADER.to_string(),
+                self.aggregatetype.clone().into_bytes(),
+            ),
+        ];
+        let mut error = None;
+        if let Some(text) = &self.headers {
+            match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+                Ok(map) => {
+                    for (k, v) in map {
+                        match v {
+                            serde_json::Value::String(s) => headers.push((k, s.into_bytes())),
+                            serde_json::Value::Null => {}
+                            other => headers.push((k, other.to_string().into_bytes())),
+                        }
+                    }
+                }
+                Err(e) => {
+                    error = Some(RowError {
+                        id: self.id.clone(),
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+        let record = Record {
+            key: Some(self.aggregateid.clone().into_bytes()),
+            value: self.payload.clone(),
+            headers,
+            timestamp: self.created_ms,
+            origin: origin(table, shard, &self.id),
+        };
+        (record, error)
+    }
+}
+
+/// Where a row's record comes from: topic `postgres:<table>`, partition = shard, offset = id
+/// (or -1 for an id that is not a number).
+pub fn origin(table: &str, shard: u32, id: &str) -> Origin {
+    Origin {
+        topic: origin_topic(table),
+        partition: shard as i32,
+        offset: id.parse().unwrap_or(-1),
+    }
+}
+
+/// The origin "topic" of the rows of `table`.
+pub fn origin_topic(table: &str) -> String {
+    format!("postgres:{table}")
+}
+
+/// What one Kafka transaction of a shard published: the ids of its rows. Written in that
+/// transaction to the shard's partition of the progress topic, keyed by table and shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub table: String,
+    pub shard: u32,
+    /// Row ids, as text, in the order they were published.
+    pub ids: Vec<String>,
+    /// The relay instance that published them.
+    pub relay: String,
+    /// When the transaction was committed (ms since the epoch, the relay's clock).
+    pub at_ms: i64,
+}
+
+impl Progress {
+    /// The record key of a shard's progress.
+    pub fn key(table: &str, shard: u32) -> String {
+        format!("{table}/{shard}")
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        // A struct of strings and integers always serialises.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The progress in a record of the progress topic, if it is one of this table's shard.
+    pub fn decode(
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        table: &str,
+        shard: u32,
+    ) -> Option<Progress> {
+        if key != Some(Progress::key(table, shard).as_bytes()) {
+            return None;
+        }
+        serde_json::from_slice::<Progress>(value?)
+            .ok()
+            .filter(|p| p.table == table && p.shard == shard)
+    }
+}
+
+/// The transactional id of a shard's publisher: one per shard, whichever relay holds it, so
+/// that the relay taking a shard over fences the one that held it before.
+pub fn transactional_id(topology: &str, table: &str, shard: u32) -> String {
+    format!("onceflow.{topology}.outbox.{table}.{shard}")
+}
+
+/// The default topic of a row: `prefix` and its aggregate type (Debezium's
+/// `outbox.event.${routedByValue}`).
+pub fn default_topic(prefix: &str, aggregatetype: &str) -> String {
+    format!("{prefix}{aggregatetype}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> OutboxInput {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    fn cols(list: &[(&str, &str)]) -> Vec<Column> {
+        list.iter()
+            .map(|(n, t)| Column {
+                name: n.to_string(),
+                type_name: t.to_string(),
+            })
+            .collect()
+    }
+
+    fn debezium() -> Vec<Column> {
+        cols(&[
+            ("id", "bigint"),
+            ("aggregatetype", "text"),
+            ("aggregateid", "text"),
+            ("type", "text"),
+            ("payload", "jsonb"),
+        ])
+    }
+
+    #[test]
+    fn a_debezium_table_makes_its_statements() {
+        let layout =
+            Layout::check(&config("url_env: PG\ntable: orders_outbox\n"), &debezium()).unwrap();
+        assert_eq!(layout.payload, PayloadType::Text);
+        assert_eq!(
+            layout.claim_sql(),
+            "SELECT id::text AS o_id, aggregatetype::text AS o_at, aggregateid::text AS o_ai, type::text AS o_ty, convert_to(payload::text, 'UTF8') AS o_payload, NULL::text AS o_headers, NULL::int8 AS o_created FROM orders_outbox WHERE ($1::int4 = $1 AND $2::int4 = $2) ORDER BY id LIMIT $3::int8 FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            layout.delete_sql(),
+            "DELETE FROM orders_outbox WHERE id = ANY($1::text[]::bigint[])"
+        );
+    }
+
+    #[test]
+    fn shards_split_by_a_hash_of_the_aggregate_id() {
+        let layout = Layout::check(&config("url_env: PG\nshards: 4\n"), &debezium()).unwrap();
+        assert!(layout.claim_sql().contains(
+            "WHERE (hashtext(aggregateid::text) & 2147483647) % $1::int4 = $2::int4 ORDER BY id"
+        ));
+        assert_eq!(layout.lock_keys(3).1, 3);
+        assert_eq!(layout.lock_keys(3).0, layout.lock_keys(0).0);
+    }
+
+    #[test]
+    fn a_missing_column_or_an_unordered_id_is_named() {
+        let c = config("url_env: PG\ncolumns: {payload: body}\n");
+        let e = Layout::check(&c, &debezium()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "outbox table outbox has no column `body` (columns.payload); it has: id, aggregatetype, aggregateid, type, payload"
+        );
+        let mut uuid = debezium();
+        uuid[0].type_name = "uuid".into();
+        let e = Layout::check(&config("url_env: PG\n"), &uuid).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("columns.id `id` is uuid, it must be an integer"),
+            "{e}"
+        );
+        uuid.push(Column {
+            name: "seq".into(),
+            type_name: "bigint".into(),
+        });
+        let layout = Layout::check(&config("url_env: PG\ncolumns: {order: seq}\n"), &uuid).unwrap();
+        assert!(layout.claim_sql().contains("ORDER BY seq LIMIT"));
+        assert!(layout.delete_sql().ends_with("ANY($1::text[]::uuid[])"));
+        assert_eq!(
+            Layout::check(&config("url_env: PG\n"), &[]).unwrap_err(),
+            LayoutError::NoTable("outbox".into())
+        );
+    }
+
+    #[test]
+    fn a_row_is_a_record_keyed_by_its_aggregate() {
+        let row = Row {
+            id: "42".into(),
+            aggregatetype: "order".into(),
+            aggregateid: "o-7".into(),
+            event_type: "OrderPaid".into(),
+            payload: Some(br#"{"a":1}"#.to_vec()),
+            headers: Some(r#"{"trace":"t1","n":2,"z":null}"#.into()),
+            created_ms: Some(1000),
+        };
+        let (rec, err) = row.to_record("orders_outbox", 1);
+        assert!(err.is_none());
+        assert_eq!(rec.key.as_deref(), Some(&b"o-7"[..]));
+        let h: Vec<(&str, &[u8])> = rec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            h,
+            [
+                ("event-id", &b"42"[..]),
+                ("event-type", b"OrderPaid"),
+                ("aggregate-type", b"order"),
+                ("n", b"2"),
+                ("trace", b"t1")
+            ]
+        );
+        assert_eq!(rec.origin, origin("orders_outbox", 1, "42"));
+        assert_eq!(rec.origin.topic, "postgres:orders_outbox");
+        let bad = Row {
+            headers: Some("[1]".into()),
+            ..row
+        };
+        assert!(bad.to_record("t", 0).1.is_some());
+    }
+
+    #[test]
+    fn progress_is_read_back_only_for_its_own_shard() {
+        let p = Progress {
+            table: "t".into(),
+            shard: 2,
+            ids: vec!["1".into(), "2".into()],
+            relay: "r".into(),
+            at_ms: 5,
+        };
+        let key = Progress::key("t", 2);
+        let bytes = p.encode();
+        assert_eq!(
+            Progress::decode(Some(key.as_bytes()), Some(&bytes), "t", 2),
+            Some(p.clone())
+        );
+        assert_eq!(
+            Progress::decode(Some(key.as_bytes()), Some(&bytes), "t", 1),
+            None
+        );
+        assert_eq!(Progress::decode(Some(b"u/2"), Some(&bytes), "u", 2), None);
+        assert_eq!(
+            Progress::decode(Some(key.as_bytes()), Some(b"{"), "t", 2),
+            None
+        );
+    }
+}

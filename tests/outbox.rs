@@ -1,0 +1,385 @@
+//! The outbox relay against the real broker and the real PostgreSQL server: every event
+//! exactly once and in order per aggregate while relays are SIGKILLed and crash between the
+//! Kafka commit and the database commit; a row that cannot be routed is dead-lettered.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{KillOnDrop, bootstrap, create_topics, read_records, signal, unique, wait_exit};
+
+const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
+
+fn pg_url() -> String {
+    std::env::var(PG_URL_ENV).expect(
+        "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
+    )
+}
+
+struct Db {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+}
+
+impl Db {
+    fn connect() -> Db {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (client, connection) = rt
+            .block_on(tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls))
+            .expect("connect to the test database");
+        rt.spawn(async move {
+            let _ = connection.await;
+        });
+        Db { rt, client }
+    }
+
+    fn exec(&self, sql: &str) {
+        self.rt
+            .block_on(self.client.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        self.rt
+            .block_on(self.client.query_one(sql, &[]))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .get(0)
+    }
+}
+
+/// An outbox table in Debezium's layout (plus an insert time) with the trigger the README
+/// gives, and a business table of orders.
+fn create_tables(db: &Db, outbox: &str, orders: &str, channel: &str) {
+    db.exec(&format!(
+        "CREATE TABLE {outbox} (id bigserial PRIMARY KEY, aggregatetype text NOT NULL, aggregateid text NOT NULL, \
+         type text NOT NULL, payload jsonb, created_at timestamptz NOT NULL DEFAULT clock_timestamp());
+         CREATE TABLE {orders} (id text PRIMARY KEY, version int NOT NULL);
+         CREATE FUNCTION {outbox}_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$;
+         CREATE TRIGGER {outbox}_notify AFTER INSERT ON {outbox}
+           FOR EACH STATEMENT EXECUTE FUNCTION {outbox}_notify();"
+    ));
+}
+
+/// A relay of `outbox`; `shards` is the `shards` and `max_shards` lines.
+fn relay_topology(
+    name: &str,
+    outbox: &str,
+    prefix: &str,
+    channel: &str,
+    dlq: &str,
+    shards: &str,
+) -> String {
+    format!(
+        "name: {name}
+inputs:
+  - codec: json
+    postgres_outbox:
+      url_env: {PG_URL_ENV}
+      table: {outbox}
+      columns: {{created_at: created_at}}
+      batch_size: 500
+      poll_interval_ms: 500
+      notify_channel: {channel}
+      {shards}
+      topic_prefix: '{prefix}'
+dead_letter: {{topic: {dlq}}}
+runtime:
+  transaction_timeout_ms: 10000
+"
+    )
+}
+
+/// `onceflow run` of a relay, its log (warnings) appended to `log`.
+fn spawn_relay(topology: &Path, instance: &str, log: &Path, env: &[(&str, &str)]) -> KillOnDrop {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("run")
+        .arg(topology)
+        .args([
+            "--bootstrap-servers",
+            &bootstrap(),
+            "--instance-id",
+            instance,
+        ])
+        .args(["--progress-secs", "0"])
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("spawn onceflow");
+    KillOnDrop(child)
+}
+
+/// Waits until `sql` counts `want`, or panics after `budget` naming what it counted.
+fn wait_count(db: &Db, sql: &str, want: i64, budget: Duration) {
+    let deadline = Instant::now() + budget;
+    loop {
+        let n = db.count(sql);
+        if n == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql}: {n}, expected {want}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Each writer's transaction changes one order `EVENTS_PER_TXN` times, each change with its
+/// outbox row: the events of an order are written by transactions that lock its row first.
+const EVENTS_PER_TXN: usize = 5;
+
+fn write_events(outbox: &str, orders: &str, writer: usize, txns: usize, aggregates: usize) {
+    let db = Db::connect();
+    let insert = format!(
+        "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'OrderChanged', $2::text::jsonb)"
+    );
+    let bump = format!(
+        "INSERT INTO {orders} (id, version) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET version = {orders}.version + 1 RETURNING version"
+    );
+    db.rt.block_on(async {
+        let mut client = db.client;
+        for t in 0..txns {
+            let order = format!("o{}", (t * 4 + writer) * 7919 % aggregates);
+            let tx = client.transaction().await.expect("begin");
+            for _ in 0..EVENTS_PER_TXN {
+                let version: i32 = tx.query_one(&bump, &[&order]).await.expect("bump").get(0);
+                let payload =
+                    serde_json::json!({"order": order, "version": version, "pad": "x".repeat(200)})
+                        .to_string();
+                tx.execute(&insert, &[&order, &payload])
+                    .await
+                    .expect("insert");
+            }
+            tx.commit().await.expect("commit");
+        }
+    });
+}
+
+#[test]
+fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_once_in_order() {
+    const WRITERS: usize = 4;
+    const TXNS_PER_WRITER: usize = 5_000;
+    const AGGREGATES: usize = 500;
+    let events = (WRITERS * TXNS_PER_WRITER * EVENTS_PER_TXN) as i64;
+    let name = unique("relay");
+    let outbox = format!("ob_{}", name.replace('-', "_"));
+    let orders = format!("{outbox}_orders");
+    let channel = format!("{outbox}_ch");
+    let prefix = format!("{name}.event.");
+    let topic = format!("{prefix}order");
+    let dlq = format!("{name}.dlq");
+    create_topics(&[&topic, &dlq], 3);
+    let db = Db::connect();
+    create_tables(&db, &outbox, &orders, &channel);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("relay.yaml");
+    std::fs::write(
+        &topology,
+        relay_topology(
+            &name,
+            &outbox,
+            &prefix,
+            &channel,
+            &dlq,
+            "shards: 4\n      max_shards: 3",
+        ),
+    )
+    .expect("write");
+    // Kept after the test: the relays' warnings explain a failure.
+    let log = std::env::temp_dir().join(format!("{name}.log"));
+    println!("relay log: {}", log.display());
+
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (outbox, orders) = (outbox.clone(), orders.clone());
+            std::thread::spawn(move || {
+                write_events(&outbox, &orders, w, TXNS_PER_WRITER, AGGREGATES)
+            })
+        })
+        .collect();
+    // Relay `a` runs plainly; relay `b` aborts itself after every 7th Kafka commit, before
+    // the database commit, leaving published rows behind for whoever takes its shards.
+    let crash = [("ONCEFLOW_FAILPOINT_EXIT_AFTER_KAFKA_COMMIT", "7")];
+    let mut a = spawn_relay(&topology, "a", &log, &[]);
+    let mut b = spawn_relay(&topology, "b", &log, &crash);
+    let kills = Arc::new(AtomicU64::new(0));
+    let mut crashes = 0;
+    let mut round = 0u64;
+    while writers.iter().any(|w| !w.is_finished()) || round < 6 {
+        std::thread::sleep(Duration::from_millis(1500));
+        round += 1;
+        if let Some(status) = b.try_wait().expect("try_wait") {
+            assert!(!status.success(), "relay b exited by itself: {status:?}");
+            crashes += 1;
+            b = spawn_relay(&topology, "b", &log, &crash);
+        }
+        // SIGKILL one of them every other round, alternately.
+        if round % 2 == 0 {
+            let victim = if round % 4 == 0 { &mut a } else { &mut b };
+            signal(victim, "-KILL");
+            let _ = wait_exit(victim, Duration::from_secs(10));
+            kills.fetch_add(1, Ordering::Relaxed);
+            if round % 4 == 0 {
+                a = spawn_relay(&topology, "a", &log, &[]);
+            } else {
+                b = spawn_relay(&topology, "b", &log, &crash);
+            }
+        }
+    }
+    for w in writers {
+        w.join().expect("writer");
+    }
+    // The last stretch without the failpoint: both relays drain the table.
+    signal(&b, "-KILL");
+    let _ = wait_exit(&mut b, Duration::from_secs(10));
+    let b = spawn_relay(&topology, "b", &log, &[]);
+    wait_count(
+        &db,
+        &format!("SELECT count(*) FROM {outbox}"),
+        0,
+        Duration::from_secs(180),
+    );
+    // The last `b` may have just started: a SIGTERM before its handler is installed would
+    // end it with the signal's default action, which is not what this test is about.
+    std::thread::sleep(Duration::from_secs(3));
+    common::terminate(a);
+    common::terminate(b);
+
+    let records = read_records(&topic, 3, "read_committed");
+    let mut ids: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut versions: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut origins: BTreeMap<String, Vec<(i64, i32)>> = BTreeMap::new();
+    for r in &records {
+        let id: i64 = r.headers["event-id"].parse().expect("event-id");
+        *ids.entry(id).or_default() += 1;
+        let value: serde_json::Value =
+            serde_json::from_str(r.value.as_deref().expect("value")).expect("json");
+        assert_eq!(
+            r.key.as_deref(),
+            value["order"].as_str(),
+            "key = aggregate id"
+        );
+        versions
+            .entry(r.key.clone().expect("key"))
+            .or_default()
+            .push(value["version"].as_i64().expect("version"));
+        origins
+            .entry(r.key.clone().expect("key"))
+            .or_default()
+            .push((id, r.partition));
+    }
+    let duplicated: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    let resolved = log_text.matches("not published again").count();
+    assert!(
+        duplicated.is_empty() && ids.len() as i64 == events,
+        "{} events written, {} distinct published, {} records; duplicated (first): {duplicated:?}; {} kills, {crashes} crashes, {resolved} resolutions",
+        events,
+        ids.len(),
+        records.len(),
+        kills.load(Ordering::Relaxed),
+    );
+    let expected: BTreeSet<i64> = (1..=events).collect();
+    assert_eq!(ids.keys().copied().collect::<BTreeSet<_>>(), expected);
+    // Per aggregate, in the order read from its partition: 1, 2, 3... with no hole.
+    for (order, vs) in &versions {
+        let want: Vec<i64> = (1..=vs.len() as i64).collect();
+        assert_eq!(
+            vs,
+            &want,
+            "events of {order} out of order or missing; (event id, partition) in reading order: {:?}",
+            &origins[order][..vs.len().min(20)]
+        );
+    }
+    // The business table and the events agree.
+    for (order, vs) in &versions {
+        let stored = db.count(&format!(
+            "SELECT version::int8 FROM {orders} WHERE id = '{order}'"
+        ));
+        assert_eq!(stored, vs.len() as i64, "{order}");
+    }
+    assert!(crashes >= 1, "the failpoint never fired: {log_text}");
+    assert!(
+        resolved >= 1,
+        "no relay found published rows left behind by a crash: the window was not exercised"
+    );
+    println!(
+        "{events} events, {} kills, {crashes} crashes between the commits, {resolved} shard resolutions that deleted published rows",
+        kills.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_on() {
+    let name = unique("relay-dlq");
+    let outbox = format!("ob_{}", name.replace('-', "_"));
+    let orders = format!("{outbox}_orders");
+    let channel = format!("{outbox}_ch");
+    let prefix = format!("{name}.event.");
+    let topic = format!("{prefix}order");
+    let dlq = format!("{name}.dlq");
+    create_topics(&[&topic, &dlq], 1);
+    let db = Db::connect();
+    create_tables(&db, &outbox, &orders, &channel);
+    db.exec(&format!(
+        "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload)
+           SELECT CASE WHEN g = 5 THEN 'nowhere' ELSE 'order' END, 'o' || g, 'T', jsonb_build_object('n', g)
+           FROM generate_series(1, 10) g"
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("relay.yaml");
+    std::fs::write(
+        &topology,
+        relay_topology(&name, &outbox, &prefix, &channel, &dlq, "shards: 1"),
+    )
+    .expect("write");
+    let log = dir.path().join("relay.log");
+    let relay = spawn_relay(&topology, "a", &log, &[]);
+    wait_count(
+        &db,
+        &format!("SELECT count(*) FROM {outbox}"),
+        0,
+        Duration::from_secs(60),
+    );
+    common::terminate(relay);
+    let published = read_records(&topic, 1, "read_committed");
+    let ids: BTreeSet<String> = published
+        .iter()
+        .map(|r| r.headers["event-id"].clone())
+        .collect();
+    let want: BTreeSet<String> = (1..=10)
+        .filter(|i| *i != 5)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(ids, want);
+    let dead = read_records(&dlq, 1, "read_committed");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let d = &dead[0];
+    assert_eq!(d.headers["event-id"], "5");
+    assert_eq!(d.headers["onceflow.error.kind"], "unroutable");
+    assert!(
+        d.headers["onceflow.error.message"].contains("nowhere"),
+        "{:?}",
+        d.headers
+    );
+    assert_eq!(
+        d.headers["onceflow.origin.topic"],
+        format!("postgres:{outbox}")
+    );
+    assert_eq!(d.headers["onceflow.origin.offset"], "5");
+    assert_eq!(d.value.as_deref(), Some(r#"{"n": 5}"#));
+}
