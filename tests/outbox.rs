@@ -55,6 +55,35 @@ impl Db {
     }
 }
 
+/// The names of one test's tables, channel and topics.
+struct Names {
+    name: String,
+    outbox: String,
+    orders: String,
+    channel: String,
+    /// The relay's `topic_prefix`; rows of aggregate type `order` go to `topic`.
+    prefix: String,
+    topic: String,
+    dlq: String,
+}
+
+impl Names {
+    fn new(prefix: &str) -> Names {
+        let name = unique(prefix);
+        let outbox = format!("ob_{}", name.replace('-', "_"));
+        let topic_prefix = format!("{name}.event.");
+        Names {
+            orders: format!("{outbox}_orders"),
+            channel: format!("{outbox}_ch"),
+            topic: format!("{topic_prefix}order"),
+            dlq: format!("{name}.dlq"),
+            prefix: topic_prefix,
+            outbox,
+            name,
+        }
+    }
+}
+
 /// An outbox table in Debezium's layout (plus an insert time) with the trigger the README
 /// gives, and a business table of orders.
 fn create_tables(db: &Db, outbox: &str, orders: &str, channel: &str) {
@@ -175,13 +204,15 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
     const TXNS_PER_WRITER: usize = 5_000;
     const AGGREGATES: usize = 500;
     let events = (WRITERS * TXNS_PER_WRITER * EVENTS_PER_TXN) as i64;
-    let name = unique("relay");
-    let outbox = format!("ob_{}", name.replace('-', "_"));
-    let orders = format!("{outbox}_orders");
-    let channel = format!("{outbox}_ch");
-    let prefix = format!("{name}.event.");
-    let topic = format!("{prefix}order");
-    let dlq = format!("{name}.dlq");
+    let Names {
+        name,
+        outbox,
+        orders,
+        channel,
+        prefix,
+        topic,
+        dlq,
+    } = Names::new("relay");
     create_topics(&[&topic, &dlq], 3);
     let db = Db::connect();
     create_tables(&db, &outbox, &orders, &channel);
@@ -325,13 +356,15 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
 
 #[test]
 fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_on() {
-    let name = unique("relay-dlq");
-    let outbox = format!("ob_{}", name.replace('-', "_"));
-    let orders = format!("{outbox}_orders");
-    let channel = format!("{outbox}_ch");
-    let prefix = format!("{name}.event.");
-    let topic = format!("{prefix}order");
-    let dlq = format!("{name}.dlq");
+    let Names {
+        name,
+        outbox,
+        orders,
+        channel,
+        prefix,
+        topic,
+        dlq,
+    } = Names::new("relay-dlq");
     create_topics(&[&topic, &dlq], 1);
     let db = Db::connect();
     create_tables(&db, &outbox, &orders, &channel);
