@@ -15,6 +15,12 @@ use common::{KillOnDrop, bootstrap, create_topics, read_records, signal, unique,
 
 const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
 
+/// One test at a time: the outage test stops the server every test here uses.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn pg_url() -> String {
     std::env::var(PG_URL_ENV).expect(
         "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
@@ -200,6 +206,7 @@ fn write_events(outbox: &str, orders: &str, writer: usize, txns: usize, aggregat
 
 #[test]
 fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_once_in_order() {
+    let _serial = serial();
     const WRITERS: usize = 4;
     const TXNS_PER_WRITER: usize = 5_000;
     const AGGREGATES: usize = 500;
@@ -356,6 +363,7 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
 
 #[test]
 fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_on() {
+    let _serial = serial();
     let Names {
         name,
         outbox,
@@ -415,4 +423,153 @@ fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_o
     );
     assert_eq!(d.headers["onceflow.origin.offset"], "5");
     assert_eq!(d.value.as_deref(), Some(r#"{"n": 5}"#));
+}
+
+/// Runs `scripts/postgres <command>` against the test server.
+fn postgres_script(command: &str) {
+    let url = pg_url();
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("a port in ONCEFLOW_TEST_PG_URL")
+        .to_string();
+    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
+        .arg(command)
+        .env("PG_PORT", port)
+        .stdout(Stdio::null())
+        .status()
+        .expect("scripts/postgres");
+    assert!(status.success(), "scripts/postgres {command} failed");
+}
+
+/// Writes transactions of `EVENTS_PER_TXN` events until `stop`, riding out a server that goes
+/// away (a transaction that fails is tried again on a new connection; one whose commit was
+/// cut is either committed or not, and the business table says which).
+fn write_until(outbox: String, orders: String, stop: Arc<std::sync::atomic::AtomicBool>) {
+    let mut t = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let Ok((mut client, connection)) =
+            rt.block_on(tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls))
+        else {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        rt.spawn(async move {
+            let _ = connection.await;
+        });
+        let insert = format!(
+            "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload) VALUES ('order', $1, 'OrderChanged', $2::text::jsonb)"
+        );
+        let bump = format!(
+            "INSERT INTO {orders} (id, version) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET version = {orders}.version + 1 RETURNING version"
+        );
+        let failed = rt.block_on(async {
+            while !stop.load(Ordering::Relaxed) {
+                let order = format!("o{}", t % 50);
+                let tx = client.transaction().await?;
+                for _ in 0..EVENTS_PER_TXN {
+                    let version: i32 = tx.query_one(&bump, &[&order]).await?.get(0);
+                    let payload =
+                        serde_json::json!({"order": order, "version": version}).to_string();
+                    tx.execute(&insert, &[&order, &payload]).await?;
+                }
+                tx.commit().await?;
+                t += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok::<_, tokio_postgres::Error>(())
+        });
+        if failed.is_err() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+#[test]
+fn the_database_down_for_5_seconds_mid_run_loses_and_doubles_nothing() {
+    let _serial = serial();
+    let Names {
+        name,
+        outbox,
+        orders,
+        channel,
+        prefix,
+        topic,
+        dlq,
+    } = Names::new("relay-down");
+    create_topics(&[&topic, &dlq], 3);
+    let db = Db::connect();
+    create_tables(&db, &outbox, &orders, &channel);
+    drop(db);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("relay.yaml");
+    std::fs::write(
+        &topology,
+        relay_topology(&name, &outbox, &prefix, &channel, &dlq, "shards: 2"),
+    )
+    .expect("write");
+    let log = std::env::temp_dir().join(format!("{name}.log"));
+    let relay = spawn_relay(&topology, "a", &log, &[]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (outbox, orders, stop) = (outbox.clone(), orders.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || write_until(outbox, orders, stop))
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    postgres_script("stop");
+    std::thread::sleep(Duration::from_secs(5));
+    postgres_script("start");
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+    let db = Db::connect();
+    wait_count(
+        &db,
+        &format!("SELECT count(*) FROM {outbox}"),
+        0,
+        Duration::from_secs(120),
+    );
+    common::terminate(relay);
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log_text.contains("lost its database connection"),
+        "the relay never noticed the outage: {log_text}"
+    );
+    // Published per order, in reading order, must be exactly 1..the committed version.
+    let mut versions: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in read_records(&topic, 3, "read_committed") {
+        let value: serde_json::Value =
+            serde_json::from_str(r.value.as_deref().expect("value")).expect("json");
+        versions
+            .entry(r.key.clone().expect("key"))
+            .or_default()
+            .push(value["version"].as_i64().expect("version"));
+    }
+    let stored = db.rt.block_on(db.client.query(
+        &format!("SELECT id, version::int8 FROM {orders} ORDER BY id"),
+        &[],
+    ));
+    let stored: BTreeMap<String, i64> = stored
+        .expect("orders")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(!stored.is_empty(), "nothing was written");
+    for (order, version) in &stored {
+        let want: Vec<i64> = (1..=*version).collect();
+        assert_eq!(
+            versions.get(order),
+            Some(&want),
+            "{order}: published versions against the {version} committed"
+        );
+    }
+    assert_eq!(
+        versions.len(),
+        stored.len(),
+        "events of orders never committed"
+    );
 }
