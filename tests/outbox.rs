@@ -74,6 +74,15 @@ struct Names {
 }
 
 impl Names {
+    /// The names of a new test, its topics (`partitions` each) and its tables made.
+    fn create(prefix: &str, partitions: i32) -> (Names, Db) {
+        let names = Names::new(prefix);
+        create_topics(&[&names.topic, &names.dlq], partitions);
+        let db = Db::connect();
+        create_tables(&db, &names.outbox, &names.orders, &names.channel);
+        (names, db)
+    }
+
     fn new(prefix: &str) -> Names {
         let name = unique(prefix);
         let outbox = format!("ob_{}", name.replace('-', "_"));
@@ -211,18 +220,18 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
     const TXNS_PER_WRITER: usize = 5_000;
     const AGGREGATES: usize = 500;
     let events = (WRITERS * TXNS_PER_WRITER * EVENTS_PER_TXN) as i64;
-    let Names {
-        name,
-        outbox,
-        orders,
-        channel,
-        prefix,
-        topic,
-        dlq,
-    } = Names::new("relay");
-    create_topics(&[&topic, &dlq], 3);
-    let db = Db::connect();
-    create_tables(&db, &outbox, &orders, &channel);
+    let (
+        Names {
+            name,
+            outbox,
+            orders,
+            channel,
+            prefix,
+            topic,
+            dlq,
+        },
+        db,
+    ) = Names::create("relay", 3);
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = dir.path().join("relay.yaml");
     std::fs::write(
@@ -364,18 +373,18 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
 #[test]
 fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_on() {
     let _serial = serial();
-    let Names {
-        name,
-        outbox,
-        orders,
-        channel,
-        prefix,
-        topic,
-        dlq,
-    } = Names::new("relay-dlq");
-    create_topics(&[&topic, &dlq], 1);
-    let db = Db::connect();
-    create_tables(&db, &outbox, &orders, &channel);
+    let (
+        Names {
+            name,
+            outbox,
+            orders: _,
+            channel,
+            prefix,
+            topic,
+            dlq,
+        },
+        db,
+    ) = Names::create("relay-dlq", 1);
     db.exec(&format!(
         "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload)
            SELECT CASE WHEN g = 5 THEN 'nowhere' ELSE 'order' END, 'o' || g, 'T', jsonb_build_object('n', g)
@@ -423,23 +432,6 @@ fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_o
     );
     assert_eq!(d.headers["onceflow.origin.offset"], "5");
     assert_eq!(d.value.as_deref(), Some(r#"{"n": 5}"#));
-}
-
-/// Runs `scripts/postgres <command>` against the test server.
-fn postgres_script(command: &str) {
-    let url = pg_url();
-    let port = url
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .expect("a port in ONCEFLOW_TEST_PG_URL")
-        .to_string();
-    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
-        .arg(command)
-        .env("PG_PORT", port)
-        .stdout(Stdio::null())
-        .status()
-        .expect("scripts/postgres");
-    assert!(status.success(), "scripts/postgres {command} failed");
 }
 
 /// Writes transactions of `EVENTS_PER_TXN` events until `stop`, riding out a server that goes
@@ -492,18 +484,18 @@ fn write_until(outbox: String, orders: String, stop: Arc<std::sync::atomic::Atom
 #[test]
 fn the_database_down_for_5_seconds_mid_run_loses_and_doubles_nothing() {
     let _serial = serial();
-    let Names {
-        name,
-        outbox,
-        orders,
-        channel,
-        prefix,
-        topic,
-        dlq,
-    } = Names::new("relay-down");
-    create_topics(&[&topic, &dlq], 3);
-    let db = Db::connect();
-    create_tables(&db, &outbox, &orders, &channel);
+    let (
+        Names {
+            name,
+            outbox,
+            orders,
+            channel,
+            prefix,
+            topic,
+            dlq,
+        },
+        db,
+    ) = Names::create("relay-down", 3);
     drop(db);
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = dir.path().join("relay.yaml");
@@ -520,9 +512,9 @@ fn the_database_down_for_5_seconds_mid_run_loses_and_doubles_nothing() {
         std::thread::spawn(move || write_until(outbox, orders, stop))
     };
     std::thread::sleep(Duration::from_secs(4));
-    postgres_script("stop");
+    common::postgres_script(&pg_url(), "stop");
     std::thread::sleep(Duration::from_secs(5));
-    postgres_script("start");
+    common::postgres_script(&pg_url(), "start");
     std::thread::sleep(Duration::from_secs(4));
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");

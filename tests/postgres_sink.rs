@@ -847,26 +847,6 @@ fn crashes_between_the_database_commit_and_the_kafka_commit_count_each_event_onc
     assert_counted_once(&db, &job, &input, &events_table, &counts_table, N);
 }
 
-/// Runs `scripts/postgres <command>` against the test server.
-fn postgres_script(command: &str) {
-    let url = pg_url();
-    let port = url
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .expect("a port in ONCEFLOW_TEST_PG_URL")
-        .to_string();
-    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
-        .arg(command)
-        .env("PG_PORT", port)
-        .stdout(Stdio::null())
-        .status()
-        .expect("scripts/postgres");
-    assert!(
-        status.success(),
-        "scripts/postgres {command} failed (this test restarts the server of scripts/postgres, with the same PG_PORT and ONCEFLOW_PG_DIR)"
-    );
-}
-
 #[test]
 fn a_database_restart_mid_run_loses_nothing() {
     let _serial = serial();
@@ -896,9 +876,9 @@ fn a_database_restart_mid_run_loses_nothing() {
     assert!(before < N as i64, "the job was done before the restart");
     drop(db);
 
-    postgres_script("stop");
+    common::postgres_script(&pg_url(), "stop");
     std::thread::sleep(Duration::from_secs(4));
-    postgres_script("start");
+    common::postgres_script(&pg_url(), "start");
     eprintln!("server restarted with {before} of {N} events applied");
     feeder.join().expect("feeder");
 

@@ -458,3 +458,22 @@ pub fn run_in_process(
     assert_eq!(seen, expected, "not every record came through in time");
     summary
 }
+
+/// Runs `scripts/postgres <command>` against the test server at `url` (its port).
+pub fn postgres_script(url: &str, command: &str) {
+    let port = url
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("a port in ONCEFLOW_TEST_PG_URL")
+        .to_string();
+    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres"))
+        .arg(command)
+        .env("PG_PORT", port)
+        .stdout(Stdio::null())
+        .status()
+        .expect("scripts/postgres");
+    assert!(
+        status.success(),
+        "scripts/postgres {command} failed (the test restarts the server of scripts/postgres, with the same PG_PORT and ONCEFLOW_PG_DIR)"
+    );
+}
