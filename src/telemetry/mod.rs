@@ -442,14 +442,15 @@ pub fn shard_taken(table: &str, shard: u32) {
     );
 }
 
-/// Rows in the table, the age of the oldest (when known), and the shards this relay holds.
-pub fn outbox_pending(table: &str, rows: i64, oldest_ms: Option<i64>, shards: usize) {
+/// Rows in the table (when counted), the age of the oldest (0 when there is none; when
+/// known), and the shards this relay holds.
+pub fn outbox_pending(table: &str, rows: Option<i64>, oldest_ms: Option<i64>, shards: usize) {
     let t = table.to_string();
-    gauge!(m::OUTBOX_PENDING, "table" => t.clone()).set(rows as f64);
+    if let Some(rows) = rows {
+        gauge!(m::OUTBOX_PENDING, "table" => t.clone()).set(rows as f64);
+    }
     if let Some(ms) = oldest_ms {
         gauge!(m::OUTBOX_OLDEST, "table" => t.clone()).set(ms.max(0) as f64 / 1e3);
-    } else if rows == 0 {
-        gauge!(m::OUTBOX_OLDEST, "table" => t.clone()).set(0.0);
     }
     gauge!(m::OUTBOX_SHARDS, "table" => t).set(shards as f64);
 }
@@ -518,4 +519,20 @@ pub fn outbox_row_failed(table: &str, id: &str, error: &crate::record::RecordErr
 
 pub fn publish_abort_failed(why: &dyn std::fmt::Display, error: &dyn std::fmt::Display) {
     warn!(%why, %error, "cannot abort the transaction; the next producer with its id fences it");
+}
+
+/// Where a published batch's time went: claiming its rows, sending its records, committing
+/// the Kafka transaction, deleting the rows and committing the database transaction.
+pub fn outbox_batch_timing(table: &str, shard: u32, rows: usize, took: [Duration; 4]) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    debug!(
+        table,
+        shard,
+        rows,
+        claim_ms = ms(took[0]),
+        send_ms = ms(took[1]),
+        commit_ms = ms(took[2]),
+        delete_ms = ms(took[3]),
+        "outbox batch published"
+    );
 }

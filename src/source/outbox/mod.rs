@@ -224,16 +224,20 @@ impl Layout {
         )
     }
 
-    /// Rows waiting, and the age in ms of the oldest (NULL without `created_at`).
-    pub fn pending_sql(&self) -> String {
-        let age = self
-            .columns
-            .created_at
-            .as_ref()
-            .map_or("NULL::int8".to_string(), |t| {
-                format!("(extract(epoch from (now() - min({t}))) * 1000)::int8")
-            });
-        format!("SELECT count(*)::int8, {age} FROM {}", self.table)
+    /// Rows waiting (a scan of the table: run it seldom while a backlog is large).
+    pub fn count_sql(&self) -> String {
+        format!("SELECT count(*)::int8 FROM {}", self.table)
+    }
+
+    /// The age in ms of the next row to publish, by the order index (no row: none), when the
+    /// table has `created_at`.
+    pub fn oldest_sql(&self) -> Option<String> {
+        self.columns.created_at.as_ref().map(|t| {
+            format!(
+                "SELECT (extract(epoch from (now() - {t})) * 1000)::int8 FROM {} ORDER BY {} LIMIT 1",
+                self.table, self.order_by
+            )
+        })
     }
 
     /// The advisory lock of a shard: a pair of keys, the table's and the shard's.
@@ -429,6 +433,29 @@ mod tests {
             layout.delete_sql(),
             "DELETE FROM orders_outbox WHERE id = ANY($1::text[]::bigint[])"
         );
+    }
+
+    #[test]
+    fn the_oldest_row_is_found_by_the_order_index_and_only_with_an_insert_time() {
+        let layout = Layout::check(&config("url_env: PG\n"), &debezium()).unwrap();
+        assert_eq!(layout.oldest_sql(), None);
+        let mut cols = debezium();
+        cols.push(Column {
+            name: "created_at".into(),
+            type_name: "timestamp with time zone".into(),
+        });
+        let layout = Layout::check(
+            &config("url_env: PG\ncolumns: {created_at: created_at}\n"),
+            &cols,
+        )
+        .unwrap();
+        assert_eq!(
+            layout.oldest_sql().as_deref(),
+            Some(
+                "SELECT (extract(epoch from (now() - created_at)) * 1000)::int8 FROM outbox ORDER BY id LIMIT 1"
+            )
+        );
+        assert_eq!(layout.count_sql(), "SELECT count(*)::int8 FROM outbox");
     }
 
     #[test]
