@@ -280,6 +280,24 @@ fn document_start(text: &str) -> Option<usize> {
         .or(Some(1))
 }
 
+/// Checks the outbox table of a relay (its URL from the environment variable `url_env`
+/// names): it exists, and has the columns the topology tells the relay to use.
+pub fn check_outbox_table(topology: &Topology, file: &str, lines: &LineMap) -> Vec<Diagnostic> {
+    let at = Locator { file, lines };
+    let Some((i, outbox)) = topology
+        .inputs
+        .iter()
+        .enumerate()
+        .find_map(|(i, input)| input.postgres_outbox.as_ref().map(|o| (i, o)))
+    else {
+        return Vec::new();
+    };
+    match crate::relay::check_table(&topology.name, outbox) {
+        Ok(()) => Vec::new(),
+        Err(e) => vec![at.diag(&format!("inputs[{i}].postgres_outbox.table"), e.to_string())],
+    }
+}
+
 /// Checks `topology` against a running broker: `transaction.max.timeout.ms` must allow the
 /// topology's transaction timeout, and every input and output topic must exist. Every
 /// problem is returned, located with `lines`.
@@ -369,7 +387,8 @@ fn missing_topics(
 ) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for (i, input) in topology.inputs.iter().enumerate() {
-        if !existing.contains(&input.topic) {
+        // An outbox input reads no topic.
+        if input.postgres_outbox.is_none() && !existing.contains(&input.topic) {
             out.push(at.diag(
                 &format!("inputs[{i}].topic"),
                 format!("topic `{}` does not exist on {bootstrap}", input.topic),

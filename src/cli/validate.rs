@@ -19,6 +19,10 @@ pub struct ValidateArgs {
     /// an empty string instead of being errors.
     #[arg(long)]
     no_env: bool,
+    /// Also connect to the database of an outbox input (the URL in its `url_env`) and check
+    /// that the table exists with the columns the relay needs.
+    #[arg(long)]
+    database: bool,
 }
 
 pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
@@ -38,6 +42,13 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
                 &file.display().to_string(),
                 &checked.lines,
                 Duration::from_secs(10),
+            ));
+        }
+        if let (true, Some(topology)) = (args.database, &checked.topology) {
+            diagnostics.extend(validate::check_outbox_table(
+                topology,
+                &file.display().to_string(),
+                &checked.lines,
             ));
         }
         if diagnostics.is_empty() {
