@@ -142,8 +142,8 @@ runtime:
     )
 }
 
-/// `onceflow run` of a relay, its log (warnings) appended to `log`.
-fn spawn_relay(topology: &Path, instance: &str, log: &Path, env: &[(&str, &str)]) -> KillOnDrop {
+/// `onceflow run` of a topology (a relay or a job), its log (warnings) appended to `log`.
+fn spawn_onceflow(topology: &Path, instance: &str, log: &Path, env: &[(&str, &str)]) -> KillOnDrop {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -261,8 +261,8 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
     // Relay `a` runs plainly; relay `b` aborts itself after every 7th Kafka commit, before
     // the database commit, leaving published rows behind for whoever takes its shards.
     let crash = [("ONCEFLOW_FAILPOINT_EXIT_AFTER_KAFKA_COMMIT", "7")];
-    let mut a = spawn_relay(&topology, "a", &log, &[]);
-    let mut b = spawn_relay(&topology, "b", &log, &crash);
+    let mut a = spawn_onceflow(&topology, "a", &log, &[]);
+    let mut b = spawn_onceflow(&topology, "b", &log, &crash);
     let kills = Arc::new(AtomicU64::new(0));
     let mut crashes = 0;
     let mut round = 0u64;
@@ -272,7 +272,7 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
         if let Some(status) = b.try_wait().expect("try_wait") {
             assert!(!status.success(), "relay b exited by itself: {status:?}");
             crashes += 1;
-            b = spawn_relay(&topology, "b", &log, &crash);
+            b = spawn_onceflow(&topology, "b", &log, &crash);
         }
         // SIGKILL one of them every other round, alternately.
         if round % 2 == 0 {
@@ -281,9 +281,9 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
             let _ = wait_exit(victim, Duration::from_secs(10));
             kills.fetch_add(1, Ordering::Relaxed);
             if round % 4 == 0 {
-                a = spawn_relay(&topology, "a", &log, &[]);
+                a = spawn_onceflow(&topology, "a", &log, &[]);
             } else {
-                b = spawn_relay(&topology, "b", &log, &crash);
+                b = spawn_onceflow(&topology, "b", &log, &crash);
             }
         }
     }
@@ -293,7 +293,7 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
     // The last stretch without the failpoint: both relays drain the table.
     signal(&b, "-KILL");
     let _ = wait_exit(&mut b, Duration::from_secs(10));
-    let b = spawn_relay(&topology, "b", &log, &[]);
+    let b = spawn_onceflow(&topology, "b", &log, &[]);
     wait_count(
         &db,
         &format!("SELECT count(*) FROM {outbox}"),
@@ -398,7 +398,7 @@ fn a_row_that_cannot_be_routed_is_dead_lettered_with_its_id_and_the_relay_goes_o
     )
     .expect("write");
     let log = dir.path().join("relay.log");
-    let relay = spawn_relay(&topology, "a", &log, &[]);
+    let relay = spawn_onceflow(&topology, "a", &log, &[]);
     wait_count(
         &db,
         &format!("SELECT count(*) FROM {outbox}"),
@@ -505,7 +505,7 @@ fn the_database_down_for_5_seconds_mid_run_loses_and_doubles_nothing() {
     )
     .expect("write");
     let log = std::env::temp_dir().join(format!("{name}.log"));
-    let relay = spawn_relay(&topology, "a", &log, &[]);
+    let relay = spawn_onceflow(&topology, "a", &log, &[]);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (outbox, orders, stop) = (outbox.clone(), orders.clone(), Arc::clone(&stop));
@@ -564,4 +564,81 @@ fn the_database_down_for_5_seconds_mid_run_loses_and_doubles_nothing() {
         stored.len(),
         "events of orders never committed"
     );
+}
+
+#[test]
+fn the_orders_outbox_example_reaches_the_order_table_once_in_effect_end_to_end() {
+    let _serial = serial();
+    let (names, db) = Names::create("relay-e2e", 3);
+    let status_table = format!("{}_status", names.outbox);
+    let deleted = format!("{}deleted", names.prefix);
+    let status_dlq = format!("{}.status-dlq", names.name);
+    create_topics(&[&deleted, &status_dlq], 3);
+    db.exec(&format!(
+        "CREATE TABLE {status_table} (id bigint PRIMARY KEY, status text, total numeric(12,2), events bigint NOT NULL DEFAULT 0)"
+    ));
+    const ORDERS: i64 = 100;
+    const EVENTS: i64 = 3_000;
+    // Each order's events in its own transactions, as the service writes them.
+    db.exec(&format!(
+        "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload)
+           SELECT 'order', (g % {ORDERS})::text, 'OrderChanged',
+                  jsonb_build_object('id', g % {ORDERS}, 'status', 'step-' || g, 'total', g)
+           FROM generate_series(1, {EVENTS} / 2) g",
+        outbox = names.outbox
+    ));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies");
+    let url = pg_url();
+    let env = [
+        ("ORDERS_DB_URL", url.as_str()),
+        ("OUTBOX_TABLE", names.outbox.as_str()),
+        ("OUTBOX_CHANNEL", names.channel.as_str()),
+        ("ORDER_EVENTS_TOPIC", names.topic.as_str()),
+        ("ORDER_DELETED_TOPIC", deleted.as_str()),
+        ("OUTBOX_DLQ", names.dlq.as_str()),
+        ("ORDER_STATUS_TABLE", status_table.as_str()),
+        ("ORDER_STATUS_DLQ", status_dlq.as_str()),
+    ];
+    let log = std::env::temp_dir().join(format!("{}.log", names.name));
+    let relay = spawn_onceflow(&root.join("orders-outbox.yaml"), "relay", &log, &env);
+    let mut job = spawn_onceflow(&root.join("order-status-postgres.yaml"), "job", &log, &env);
+    let applied = format!("SELECT coalesce(sum(events), 0)::int8 FROM {status_table}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.count(&applied) < EVENTS / 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The second half while the consuming job is SIGKILLed and restarted: it consumes again
+    // what it had not committed, and its inbox absorbs what it had applied.
+    db.exec(&format!(
+        "INSERT INTO {outbox} (aggregatetype, aggregateid, type, payload)
+           SELECT 'order', (g % {ORDERS})::text, 'OrderChanged',
+                  jsonb_build_object('id', g % {ORDERS}, 'status', 'step-' || g, 'total', g)
+           FROM generate_series({EVENTS} / 2 + 1, {EVENTS}) g",
+        outbox = names.outbox
+    ));
+    signal(&job, "-KILL");
+    let _ = wait_exit(&mut job, Duration::from_secs(10));
+    let job = spawn_onceflow(&root.join("order-status-postgres.yaml"), "job", &log, &env);
+    wait_count(&db, &applied, EVENTS, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(3));
+    common::terminate(job);
+    common::terminate(relay);
+    assert_eq!(db.count(&applied), EVENTS, "events applied, in all");
+    assert_eq!(
+        db.count(&format!("SELECT count(*) FROM {}", names.outbox)),
+        0,
+        "rows left in the outbox"
+    );
+    // Each order counts its events exactly, and shows its last one.
+    let per_order = db.count(&format!(
+        "SELECT count(*) FROM {status_table} WHERE events = {EVENTS} / {ORDERS}"
+    ));
+    assert_eq!(
+        per_order, ORDERS,
+        "orders whose events were counted once each"
+    );
+    let last = db.count(&format!(
+        "SELECT count(*) FROM {status_table} WHERE status = 'step-' || ({EVENTS} - {ORDERS} + CASE WHEN id = 0 THEN {ORDERS} ELSE id END)"
+    ));
+    assert_eq!(last, ORDERS, "orders showing their last event");
 }
