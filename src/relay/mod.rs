@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
@@ -46,6 +47,8 @@ use crate::txn::{Publisher, TxnError, TxnStats};
 const BACKOFF: Backoff = Backoff::capped(Duration::from_millis(100), Duration::from_secs(5));
 /// How often free shards are looked for, and the age of the oldest row taken.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(1);
+/// How long a topic found missing is taken as missing before it is looked up again.
+const MISSING_TOPIC_RECHECK: Duration = Duration::from_secs(10);
 /// How often the rows waiting are counted: a count scans the table, and during a backlog of
 /// 100,000 rows of 1 KB a count every second took a third of the relay's throughput.
 const COUNT_EVERY: Duration = Duration::from_secs(10);
@@ -155,7 +158,7 @@ struct Relay<'t> {
     /// Reads progress records and topic metadata.
     reader: BaseConsumer,
     /// Default routes' topics: whether each exists.
-    known_topics: HashMap<String, bool>,
+    known_topics: HashMap<String, (bool, Instant)>,
     timeout: Duration,
     stats: TxnStats,
     skipped: u64,
@@ -807,6 +810,14 @@ fn db(e: tokio_postgres::Error) -> Failed {
     Failed::Database(e.into())
 }
 
+/// Where a row's records go.
+enum Routed {
+    /// The row's record itself, to this topic.
+    As(String),
+    /// The records the pipeline made, in `out`.
+    Produced,
+}
+
 /// What sending a batch's records needs.
 struct RowPublisher<'a> {
     topology: &'a Topology,
@@ -814,7 +825,7 @@ struct RowPublisher<'a> {
     pipeline: Option<&'a Pipeline>,
     topics: &'a [String],
     reader: &'a BaseConsumer,
-    known_topics: &'a mut HashMap<String, bool>,
+    known_topics: &'a mut HashMap<String, (bool, Instant)>,
     dead_letter_topic: &'a str,
     progress_topic: &'a str,
     timeout: Duration,
@@ -842,10 +853,14 @@ impl RowPublisher<'_> {
                     stage: Stage::Decode,
                     message: e.to_string(),
                 }),
-                None => self.route(&record, row, &mut produced),
+                None => self.route(&record, row, &mut produced).map_err(kafka)?,
             };
             match outcome {
-                Ok(()) => {
+                Ok(Routed::As(topic)) => {
+                    publisher.send(&topic, &record).map_err(kafka)?;
+                    sent += 1;
+                }
+                Ok(Routed::Produced) => {
                     for (topic, rec) in produced.drain(..) {
                         publisher.send(&topic, &rec).map_err(kafka)?;
                         sent += 1;
@@ -890,21 +905,22 @@ impl RowPublisher<'_> {
     }
 
     /// The records a row makes, with their topics: through the pipeline to the outputs, or
-    /// (without outputs) as it is to `<topic_prefix><aggregatetype>`.
+    /// (without outputs) the row's record as it is to `<topic_prefix><aggregatetype>`. The
+    /// outer error is Kafka's (the metadata of a topic could not be read).
     fn route(
         &mut self,
         record: &Record,
         row: &Row,
         out: &mut Vec<(String, Record)>,
-    ) -> Result<(), RecordError> {
+    ) -> Result<Result<Routed, RecordError>, KafkaError> {
         let Some(pipeline) = self.pipeline else {
             let prefix = self
                 .topology
                 .outbox()
                 .map_or("outbox.event.", |o| o.topic_prefix.as_str());
             let topic = outbox::default_topic(prefix, &row.aggregatetype);
-            if !self.topic_exists(&topic) {
-                return Err(RecordError {
+            if !self.topic_exists(&topic)? {
+                return Ok(Err(RecordError {
                     kind: ErrorKind::Unroutable,
                     stage: Stage::Output {
                         index: 0,
@@ -914,38 +930,48 @@ impl RowPublisher<'_> {
                         "topic `{topic}` (topic_prefix and aggregate type `{}`) does not exist",
                         row.aggregatetype
                     ),
-                });
+                }));
             }
-            out.push((topic, record.clone()));
-            return Ok(());
+            return Ok(Ok(Routed::As(topic)));
         };
         let mut produced = Vec::new();
-        pipeline.process(record.clone(), &mut produced)?;
+        // The record stays at hand for a dead-letter copy of the original.
+        if let Err(e) = pipeline.process(record.clone(), &mut produced) {
+            return Ok(Err(e));
+        }
         for (index, rec) in produced {
             if let Some(topic) = self.topics.get(index) {
                 out.push((topic.clone(), rec));
             }
         }
-        Ok(())
+        Ok(Ok(Routed::Produced))
     }
 
-    fn topic_exists(&mut self, topic: &str) -> bool {
-        if let Some(known) = self.known_topics.get(topic) {
-            return *known;
+    /// Whether `topic` exists. A topic found is remembered; a missing one is looked up again
+    /// after [`MISSING_TOPIC_RECHECK`] (it may be created meanwhile). Metadata that cannot be
+    /// read is an error: the batch is tried again, no row is dead-lettered for it.
+    fn topic_exists(&mut self, topic: &str) -> Result<bool, KafkaError> {
+        if let Some((exists, at)) = self.known_topics.get(topic) {
+            if *exists || at.elapsed() < MISSING_TOPIC_RECHECK {
+                return Ok(*exists);
+            }
         }
-        let exists = self
-            .reader
-            .fetch_metadata(Some(topic), self.timeout)
-            .is_ok_and(|m| {
-                m.topics()
-                    .iter()
-                    .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            });
-        // A missing topic is looked up again on a later row: it may be created meanwhile.
-        if exists {
-            self.known_topics.insert(topic.to_string(), true);
-        }
-        exists
+        let metadata = self.reader.fetch_metadata(Some(topic), self.timeout)?;
+        let exists = match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) => match t.error() {
+                None => !t.partitions().is_empty(),
+                Some(code) => match RDKafkaErrorCode::from(code) {
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
+                        false
+                    }
+                    other => return Err(KafkaError::MetadataFetch(other)),
+                },
+            },
+            None => false,
+        };
+        self.known_topics
+            .insert(topic.to_string(), (exists, Instant::now()));
+        Ok(exists)
     }
 }
 
