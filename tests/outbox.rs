@@ -300,9 +300,6 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
         0,
         Duration::from_secs(180),
     );
-    // The last `b` may have just started: a SIGTERM before its handler is installed would
-    // end it with the signal's default action, which is not what this test is about.
-    std::thread::sleep(Duration::from_secs(3));
     common::terminate(a);
     common::terminate(b);
 
@@ -598,6 +595,9 @@ fn the_orders_outbox_example_reaches_the_order_table_once_in_effect_end_to_end()
         ("OUTBOX_DLQ", names.dlq.as_str()),
         ("ORDER_STATUS_TABLE", status_table.as_str()),
         ("ORDER_STATUS_DLQ", status_dlq.as_str()),
+        // The inbox is the consumer's (`<name>/<output>`): a run of its own, since the event ids
+        // (row ids of a new table) start at 1 again.
+        ("ORDER_STATUS_JOB", names.name.as_str()),
     ];
     let log = std::env::temp_dir().join(format!("{}.log", names.name));
     let relay = spawn_onceflow(&root.join("orders-outbox.yaml"), "relay", &log, &env);
