@@ -16,6 +16,10 @@ pub const EXIT_AFTER_DB_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT"
 /// database commit that deletes the rows it published.
 pub const EXIT_AFTER_KAFKA_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_KAFKA_COMMIT";
 
+/// `onceflow run` waits this many milliseconds right after it starts, before it loads the
+/// topology: the time a slow start takes, made long enough to signal the process in it.
+pub const START_DELAY_MS: &str = "ONCEFLOW_FAILPOINT_START_DELAY_MS";
+
 /// The failpoints of this process.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Failpoints {
@@ -23,6 +27,7 @@ pub struct Failpoints {
     pub transient_failures: u64,
     pub exit_after_db_commit: Option<u64>,
     pub exit_after_kafka_commit: Option<u64>,
+    pub start_delay_ms: Option<u64>,
 }
 
 impl Failpoints {
@@ -38,6 +43,7 @@ impl Failpoints {
             transient_failures: number(TRANSIENT_FAILURES).unwrap_or(0),
             exit_after_db_commit: number(EXIT_AFTER_DB_COMMIT),
             exit_after_kafka_commit: number(EXIT_AFTER_KAFKA_COMMIT),
+            start_delay_ms: number(START_DELAY_MS),
         }
     }
 }
@@ -68,6 +74,7 @@ mod tests {
                 transient_failures: 3,
                 exit_after_db_commit: Some(2),
                 exit_after_kafka_commit: None,
+                start_delay_ms: None,
             }
         );
         let zero = Failpoints::from_lookup(|name| (name == ABORT_EVERY).then(|| "0".into()));

@@ -70,69 +70,106 @@ pub async fn hung_call(health: &Health, every: Duration) -> String {
     }
 }
 
-/// Runs the job on a blocking thread until it ends; SIGTERM/SIGINT ask it to commit and stop.
-/// Serves `/metrics`, `/healthz` and `/readyz` on `metrics_addr` when given.
-pub fn run_until_signal(
-    topology: Topology,
-    identity: Identity,
-    options: RunOptions,
-    metrics_addr: Option<SocketAddr>,
-) -> Result<Summary, SuperviseError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .map_err(SuperviseError::Runtime)?;
-    let shutdown = Arc::new(AtomicBool::new(false));
-    runtime.block_on(async {
-        if let Some(addr) = metrics_addr {
-            let handle = metrics::install(&topology.name).map_err(SuperviseError::Metrics)?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|error| SuperviseError::Listen { addr, error })?;
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-            tokio::spawn(health::serve(
-                listener,
-                Arc::clone(&options.health),
-                Some(handle),
-            ));
-        }
-        let flag = Arc::clone(&shutdown);
-        let grace = stop_grace(&topology);
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            flag.store(true, Ordering::Relaxed);
-            let why = forced_stop(wait_for_signal(), grace).await;
-            telemetry::stop_forced(&why);
-            std::process::exit(1);
-        });
-        let health = Arc::clone(&options.health);
-        tokio::spawn(async move {
-            let why = hung_call(&health, Duration::from_secs(1)).await;
-            telemetry::stop_forced(&why);
-            std::process::exit(1);
-        });
-        let job = tokio::task::spawn_blocking(move || {
-            engine::run(&topology, &identity, &options, &shutdown)
-        });
-        Ok(job.await.map_err(SuperviseError::Panicked)??)
-    })
+/// The runtime a job is supervised on, with SIGTERM and SIGINT taken over from the start.
+///
+/// Made first thing in `onceflow run`, before the topology is loaded and the clients are
+/// checked (a few hundred milliseconds): a signal in that time asks for a stop like any other,
+/// instead of ending the process with the signal's default action.
+pub struct Supervisor {
+    runtime: tokio::runtime::Runtime,
+    signals: Option<Signals>,
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+impl Supervisor {
+    pub fn start() -> Result<Supervisor, SuperviseError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(SuperviseError::Runtime)?;
+        let signals = {
+            let _entered = runtime.enter();
+            Signals::register()
+        };
+        Ok(Supervisor { runtime, signals })
+    }
+
+    /// Runs the job on a blocking thread until it ends; SIGTERM/SIGINT (also one that came
+    /// since [`Supervisor::start`]) ask it to commit and stop. Serves `/metrics`, `/healthz`
+    /// and `/readyz` on `metrics_addr` when given.
+    pub fn run_until_signal(
+        self,
+        topology: Topology,
+        identity: Identity,
+        options: RunOptions,
+        metrics_addr: Option<SocketAddr>,
+    ) -> Result<Summary, SuperviseError> {
+        let Supervisor { runtime, signals } = self;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        runtime.block_on(async {
+            if let Some(addr) = metrics_addr {
+                let handle = metrics::install(&topology.name).map_err(SuperviseError::Metrics)?;
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|error| SuperviseError::Listen { addr, error })?;
+                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+                tokio::spawn(health::serve(
+                    listener,
+                    Arc::clone(&options.health),
+                    Some(handle),
+                ));
             }
+            let flag = Arc::clone(&shutdown);
+            let grace = stop_grace(&topology);
+            // Without signal handlers the job still stops on its own terms (errors, limits).
+            if let Some(mut signals) = signals {
+                tokio::spawn(async move {
+                    signals.next().await;
+                    flag.store(true, Ordering::Relaxed);
+                    let why = forced_stop(signals.next(), grace).await;
+                    telemetry::stop_forced(&why);
+                    std::process::exit(1);
+                });
+            }
+            let health = Arc::clone(&options.health);
+            tokio::spawn(async move {
+                let why = hung_call(&health, Duration::from_secs(1)).await;
+                telemetry::stop_forced(&why);
+                std::process::exit(1);
+            });
+            let job = tokio::task::spawn_blocking(move || {
+                engine::run(&topology, &identity, &options, &shutdown)
+            });
+            Ok(job.await.map_err(SuperviseError::Panicked)??)
+        })
+    }
+}
+
+/// SIGTERM and SIGINT, each delivered to these streams from the moment they are registered.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Needs a runtime entered; `None` when the handlers cannot be installed.
+    fn register() -> Option<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Some(Signals { term, int }),
+            _ => None,
         }
-        // Without signal handlers the job still stops on its own terms (errors, limits).
-        _ => std::future::pending::<()>().await,
+    }
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
 

@@ -204,3 +204,22 @@ fn a_stop_that_hangs_exits_after_its_grace_period() {
         "exited {took:?} after SIGTERM"
     );
 }
+
+#[test]
+fn a_sigterm_while_the_job_starts_is_a_clean_stop() {
+    // The start is held for 3 s before the topology is loaded; the signal comes in it. Before
+    // the signal handlers were installed first thing, it ended the process (status 143).
+    let setup = setup("sigterm-start", 0, "");
+    let mut job = spawn_job(
+        &setup.topology,
+        "i0",
+        &[("ONCEFLOW_FAILPOINT_START_DELAY_MS", "3000")],
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&job, "-TERM");
+    let status = wait_exit(&mut job, Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a SIGTERM during the start should stop the job cleanly (exit 0): {status:?}"
+    );
+}

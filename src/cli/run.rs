@@ -10,7 +10,7 @@ use anyhow::Context;
 use crate::engine::{Identity, RunOptions, Summary};
 use crate::failpoints::Failpoints;
 use crate::kafka::{clients, embedded::EmbeddedCluster};
-use crate::supervise::run_until_signal;
+use crate::supervise::Supervisor;
 use crate::telemetry::health::Health;
 use crate::topology::Topology;
 
@@ -53,8 +53,13 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
-    let (topology, _) = super::load(&args.topology)?;
+    // First: a SIGTERM from here on asks for a stop, even while the topology is loaded.
+    let supervisor = Supervisor::start()?;
     let failpoints = Failpoints::from_env();
+    if let Some(ms) = failpoints.start_delay_ms {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let (topology, _) = super::load(&args.topology)?;
     let options = RunOptions {
         health: Arc::new(Health::default()),
         statistics_every: args
@@ -79,13 +84,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 bootstrap_servers: servers,
                 instance_id,
             };
-            let summary = run_until_signal(topology, identity, options, args.metrics_addr)?;
+            let summary =
+                supervisor.run_until_signal(topology, identity, options, args.metrics_addr)?;
             print_summary(&summary);
             if let Some(path) = args.summary_json {
                 write_summary_json(&path, &summary)?;
             }
         }
         _ => run_embedded(
+            supervisor,
             topology,
             instance_id,
             args.records,
@@ -97,6 +104,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
 }
 
 fn run_embedded(
+    supervisor: Supervisor,
     topology: Topology,
     instance_id: String,
     records: u64,
@@ -122,7 +130,7 @@ fn run_embedded(
         bootstrap_servers: cluster.bootstrap_servers().to_string(),
         instance_id,
     };
-    let summary = run_until_signal(topology, identity, options, metrics_addr)?;
+    let summary = supervisor.run_until_signal(topology, identity, options, metrics_addr)?;
     print_summary(&summary);
     Ok(())
 }
