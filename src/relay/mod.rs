@@ -162,8 +162,6 @@ struct Relay<'t> {
     timeout: Duration,
     stats: TxnStats,
     skipped: u64,
-    published: u64,
-    kafka_commits: u64,
     first_row: Option<Instant>,
     next_housekeeping: Instant,
     next_count: Instant,
@@ -251,8 +249,6 @@ impl<'t> Relay<'t> {
             timeout,
             stats: TxnStats::default(),
             skipped: 0,
-            published: 0,
-            kafka_commits: 0,
             first_row: None,
             next_housekeeping: Instant::now(),
             next_count: Instant::now(),
@@ -337,7 +333,7 @@ impl<'t> Relay<'t> {
             if self
                 .options
                 .stop_after_records
-                .is_some_and(|n| self.published >= n)
+                .is_some_and(|n| self.stats.records_committed >= n)
             {
                 return Ok(());
             }
@@ -623,10 +619,8 @@ impl<'t> Relay<'t> {
             skipped: &mut self.skipped,
         };
         let exit_after = self.options.exit_after_kafka_commit;
-        let commits = &mut self.kafka_commits;
         let stats = &mut self.stats;
         let first_row = &mut self.first_row;
-        let published = &mut self.published;
         let table = config.table.clone();
         let mut undeleted: Option<Vec<String>> = None;
         let left = &mut undeleted;
@@ -684,7 +678,6 @@ impl<'t> Relay<'t> {
                 publisher.abort(&e);
                 return Err(Failed::Kafka(e.to_string()));
             }
-            *commits += 1;
             let took = started.elapsed();
             let committed_ms = now_ms();
             telemetry::txn_committed(rows.len() as u64, outputs, took);
@@ -699,9 +692,8 @@ impl<'t> Relay<'t> {
             stats.records_committed += rows.len() as u64;
             stats.outputs_committed += outputs;
             stats.commit_durations.record(took);
-            *published += rows.len() as u64;
-            if exit_after == Some(*commits) {
-                telemetry::failpoint_exit_after_kafka_commit(*commits);
+            if exit_after == Some(stats.committed) {
+                telemetry::failpoint_exit_after_kafka_commit(stats.committed);
                 std::process::abort();
             }
             // Published: now the rows go, with the locks the claim took.
