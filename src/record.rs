@@ -53,6 +53,18 @@ pub enum ErrorKind {
     SequenceGap,
     /// A record has nowhere to go: the topic its route names does not exist.
     Unroutable,
+    /// The value is not Avro in the Confluent wire format where Avro is expected: a wrong
+    /// magic byte, a truncated or corrupt payload, bytes left over after the record.
+    BadAvro,
+    /// The schema id the value names is unknown to the schema registry (it answered 404).
+    UnknownSchema,
+    /// A value does not fit an Avro schema: the output's (a missing field, a wrong type, an
+    /// unknown enum symbol), or the reader schema it must be resolved to.
+    SchemaMismatch,
+    /// The schema registry cannot be reached (or refuses the job's credentials) for a schema
+    /// the record needs: transient, and never the record's fault, so the record's partition
+    /// is held (paused) once its attempts run out instead of dead-lettering it.
+    RegistryUnavailable,
 }
 
 impl ErrorKind {
@@ -66,9 +78,19 @@ impl ErrorKind {
             | ErrorKind::TooLarge
             | ErrorKind::Rejected
             | ErrorKind::SequenceGap
-            | ErrorKind::Unroutable => true,
-            ErrorKind::Unavailable => false,
+            | ErrorKind::Unroutable
+            | ErrorKind::BadAvro
+            | ErrorKind::UnknownSchema
+            | ErrorKind::SchemaMismatch => true,
+            ErrorKind::Unavailable | ErrorKind::RegistryUnavailable => false,
         }
+    }
+
+    /// Whether a transient failure of this kind holds the record's partition when its
+    /// attempts run out, whatever `runtime.on_exhausted` says: it is not the record's fault,
+    /// so dead-lettering it would lose a good record.
+    pub fn holds_partition(self) -> bool {
+        self == ErrorKind::RegistryUnavailable
     }
 
     /// A short, bounded name (for logs and metric labels).
@@ -83,6 +105,10 @@ impl ErrorKind {
             ErrorKind::Rejected => "rejected",
             ErrorKind::SequenceGap => "sequence_gap",
             ErrorKind::Unroutable => "unroutable",
+            ErrorKind::BadAvro => "bad_avro",
+            ErrorKind::UnknownSchema => "unknown_schema",
+            ErrorKind::SchemaMismatch => "schema_mismatch",
+            ErrorKind::RegistryUnavailable => "registry_unavailable",
         }
     }
 }

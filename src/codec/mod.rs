@@ -8,12 +8,20 @@
 //! * [`raw`]: bytes as they are.
 //! * [`json`]: a lazily decoded JSON document ([`json::Doc`]), validated in one pass by
 //!   [`json::scan`], its fields decoded only when something needs them.
+//! * [`avro`]: Avro in the Confluent wire format, decoded to the same document as JSON; its
+//!   schemas come from a registry, looked up once per schema id and cached ([`Codecs`] sets
+//!   them up when the job starts).
 
+pub mod avro;
 pub mod json;
 pub mod raw;
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use crate::record::ErrorKind;
-use crate::topology::Codec;
+use crate::topology::{Codec, ConfigIssue, Target, Topology};
+use avro::{AvroDecoder, AvroEncoder, Given, Registry};
 use json::Doc;
 
 /// A record's value while it goes through the pipeline, borrowing the consumed bytes.
@@ -54,18 +62,144 @@ pub trait Encoder: Send + Sync {
     fn encode(&self, value: &Value<'_>, size_hint: usize) -> Result<Option<Vec<u8>>, CodecError>;
 }
 
-/// The decoder of a codec named in a topology.
-pub fn decoder(codec: Codec) -> Box<dyn Decoder> {
-    match codec {
-        Codec::Raw => Box::new(raw::Raw),
-        Codec::Json => Box::new(json::Json),
+/// The codecs of a topology: a decoder per input (by source name), an encoder per output (by
+/// index), and the schema registry they share.
+pub struct Codecs {
+    pub decoders: HashMap<String, Box<dyn Decoder>>,
+    pub encoders: Vec<Box<dyn Encoder>>,
+    /// Offline (no server) unless made by [`Codecs::connect`].
+    pub registry: Arc<Registry>,
+}
+
+/// Why a job's codecs cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Config(Vec<ConfigIssue>),
+    /// The registry refused an output schema, or cannot be reached.
+    #[error("{0}")]
+    Registry(String),
+}
+
+impl Codecs {
+    /// The codecs of `topology` without a registry server: output schemas get local ids.
+    /// For checking a topology and for `onceflow test`.
+    pub fn offline(topology: &Topology) -> Result<Codecs, Vec<ConfigIssue>> {
+        Codecs::build(topology, Arc::new(Registry::offline())).map_err(|e| match e {
+            SetupError::Config(issues) => issues,
+            SetupError::Registry(message) => vec![ConfigIssue {
+                path: "schema_registry".into(),
+                message,
+            }],
+        })
+    }
+
+    /// The codecs of `topology` with its registry: each Avro output's schema registered (or
+    /// looked up) under its subject. The only registry calls besides the first look-up of
+    /// each schema id.
+    pub fn connect(topology: &Topology) -> Result<Codecs, SetupError> {
+        let registry = match &topology.schema_registry {
+            Some(config) => Registry::connect(config).map_err(SetupError::Registry)?,
+            None => Registry::offline(),
+        };
+        Codecs::build(topology, Arc::new(registry))
+    }
+
+    fn build(topology: &Topology, registry: Arc<Registry>) -> Result<Codecs, SetupError> {
+        let dir = topology.dir.as_deref();
+        let mut issues = Vec::new();
+        let mut decoders: HashMap<String, Box<dyn Decoder>> = HashMap::new();
+        for (i, input) in topology.inputs.iter().enumerate() {
+            let decoder: Box<dyn Decoder> = match input.codec {
+                Codec::Raw => Box::new(raw::Raw),
+                Codec::Json => Box::new(json::Json),
+                Codec::Avro => {
+                    let source = input.avro.clone().unwrap_or_default().source();
+                    let at = format!("inputs[{i}].avro");
+                    let reader = match source.json(dir).and_then(|j| j.map(|j| Given::parse(&j)).transpose()) {
+                        Ok(r) => r.map(Arc::new),
+                        Err(message) => {
+                            issues.push(ConfigIssue { path: at, message });
+                            None
+                        }
+                    };
+                    Box::new(AvroDecoder::new(Arc::clone(&registry), reader))
+                }
+            };
+            decoders.insert(input.source_name(), decoder);
+        }
+        let mut encoders: Vec<Box<dyn Encoder>> = Vec::new();
+        let mut refused = Vec::new();
+        for (o, output) in topology.outputs.iter().enumerate() {
+            let encoder: Box<dyn Encoder> = match topology.output_codec(o) {
+                Codec::Raw => Box::new(raw::Raw),
+                Codec::Json => Box::new(json::Json),
+                Codec::Avro => match avro_output(topology, o, &registry) {
+                    Ok(e) => Box::new(e),
+                    Err(Fault::Config(message)) => {
+                        issues.push(ConfigIssue {
+                            path: format!("outputs[{o}].avro"),
+                            message,
+                        });
+                        Box::new(raw::Raw)
+                    }
+                    Err(Fault::Registry(message)) => {
+                        refused.push(format!("outputs[{o}] ({}): {message}", output.name()));
+                        Box::new(raw::Raw)
+                    }
+                },
+            };
+            encoders.push(encoder);
+        }
+        if !issues.is_empty() {
+            return Err(SetupError::Config(issues));
+        }
+        if !refused.is_empty() {
+            return Err(SetupError::Registry(refused.join("; ")));
+        }
+        Ok(Codecs {
+            decoders,
+            encoders,
+            registry,
+        })
     }
 }
 
-/// The encoder of a codec named in a topology.
-pub fn encoder(codec: Codec) -> Box<dyn Encoder> {
-    match codec {
-        Codec::Raw => Box::new(raw::Raw),
-        Codec::Json => Box::new(json::Json),
-    }
+enum Fault {
+    Config(String),
+    Registry(String),
+}
+
+/// The subject of Avro output `o`, and its parsed schema.
+pub fn avro_subject(topology: &Topology, o: usize) -> Result<(String, Given), String> {
+    let output = &topology.outputs[o];
+    let config = output
+        .avro
+        .as_ref()
+        .ok_or("an Avro output needs its schema")?;
+    let json = config
+        .source()
+        .json(topology.dir.as_deref())?
+        .ok_or("an Avro output needs its schema")?;
+    let given = Given::parse(&json)?;
+    let topic = match output.target() {
+        Some(Target::Topic(t)) => t,
+        _ => return Err("`avro` is for Kafka topic outputs".into()),
+    };
+    let subject = config
+        .subject_strategy
+        .subject(topic, given.full_name().as_deref())?;
+    Ok((subject, given))
+}
+
+fn avro_output(topology: &Topology, o: usize, registry: &Registry) -> Result<AvroEncoder, Fault> {
+    let (subject, given) = avro_subject(topology, o).map_err(Fault::Config)?;
+    let auto_register = topology.outputs[o]
+        .avro
+        .as_ref()
+        .is_none_or(|a| a.auto_register);
+    let id = registry
+        .register(&subject, &given.schema, auto_register)
+        .map_err(Fault::Registry)?;
+    Ok(AvroEncoder::new(id, subject, Arc::new(given)))
 }

@@ -60,7 +60,7 @@ pub fn decide(
                 delay: policy.backoff.delay(attempt, jitter()),
             };
         }
-        if policy.on_exhausted == OnExhausted::Pause {
+        if policy.on_exhausted == OnExhausted::Pause || error.kind.holds_partition() {
             return Outcome::Pause {
                 for_: policy.backoff.max,
             };
@@ -202,5 +202,26 @@ mod tests {
         p.backoff.max_attempts = 1;
         let e = error(ErrorKind::Unavailable);
         assert_eq!(decide(Err(&e), 1, &p, || 0.0), Outcome::Skip(e));
+    }
+
+    #[test]
+    fn a_registry_that_stays_down_holds_the_partition_under_every_policy() {
+        let e = error(ErrorKind::RegistryUnavailable);
+        for on_error in ON_ERROR {
+            for on_exhausted in ON_EXHAUSTED {
+                let p = policy(on_error, on_exhausted);
+                assert!(matches!(
+                    decide(Err(&e), 1, &p, || 0.0),
+                    Outcome::Retry { .. }
+                ));
+                assert_eq!(
+                    decide(Err(&e), 3, &p, || 0.0),
+                    Outcome::Pause {
+                        for_: Duration::from_secs(2)
+                    },
+                    "{on_error:?} {on_exhausted:?}"
+                );
+            }
+        }
     }
 }

@@ -23,10 +23,12 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 
+pub mod avro;
 pub mod http;
 pub mod outbox;
 pub mod postgres;
 pub mod url_template;
+pub use avro::{AvroInput, AvroOutput, SchemaRegistry, SchemaSource, SubjectStrategy};
 pub use http::HttpOutput;
 pub use outbox::OutboxInput;
 pub use postgres::PostgresOutput;
@@ -72,6 +74,13 @@ pub struct Topology {
     /// Where records the pipeline fails on go (with `runtime.on_error: dead_letter`).
     #[serde(default)]
     pub dead_letter: DeadLetter,
+    /// The schema registry of Avro inputs and outputs.
+    #[serde(default)]
+    pub schema_registry: Option<SchemaRegistry>,
+    /// The directory of the topology file (set by [`Topology::load`]): files the topology
+    /// names (schemas) are relative to it.
+    #[serde(skip)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// The dead-letter topic, written in the same transaction as the outputs.
@@ -95,6 +104,8 @@ pub struct Input {
     /// How record values of this topic are decoded. Default: `raw`.
     #[serde(default)]
     pub codec: Codec,
+    /// The reader schema of an `avro` input.
+    pub avro: Option<AvroInput>,
 }
 
 impl Input {
@@ -118,6 +129,8 @@ struct InputFile {
     postgres_outbox: Option<OutboxInput>,
     #[serde(default)]
     codec: Codec,
+    #[serde(default)]
+    avro: Option<AvroInput>,
 }
 
 impl TryFrom<InputFile> for Input {
@@ -131,6 +144,7 @@ impl TryFrom<InputFile> for Input {
                 topic: topic.unwrap_or_default(),
                 postgres_outbox,
                 codec: f.codec,
+                avro: f.avro,
             }),
         }
     }
@@ -145,7 +159,9 @@ pub enum Codec {
     Raw,
     /// A JSON document, decoded once per record and encoded once per output record.
     Json,
-    // Avro (with a schema registry) will be a third variant.
+    /// Avro in the Confluent wire format, with a schema registry (`schema_registry`): decoded
+    /// to the same document as JSON.
+    Avro,
 }
 
 impl Codec {
@@ -154,6 +170,7 @@ impl Codec {
         match self {
             Codec::Raw => "raw",
             Codec::Json => "json",
+            Codec::Avro => "avro",
         }
     }
 }
@@ -176,9 +193,13 @@ pub struct Output {
     /// [`HttpOutput`]). An `http` output needs a `name`.
     #[serde(default)]
     pub http: Option<HttpOutput>,
-    /// How values are written. Default: `json` when every input is JSON, `raw` otherwise.
+    /// How values are written. Default: `json` when every input is a document (JSON or
+    /// Avro), `raw` otherwise.
     #[serde(default)]
     pub codec: Option<Codec>,
+    /// The schema and subject of an `avro` output.
+    #[serde(default)]
+    pub avro: Option<AvroOutput>,
     /// A CEL expression giving the key of records written here (it replaces the key the
     /// record carries). Default: the record's key, as set by `set_key` or consumed.
     #[serde(default)]
@@ -449,7 +470,9 @@ impl Topology {
                 issues,
             });
         }
-        Self::parse(&text, &shown)
+        let mut topology = Self::parse(&text, &shown)?;
+        topology.dir = path.parent().map(Path::to_path_buf);
+        Ok(topology)
     }
 
     /// Parses topology text (already interpolated) without validating it.
@@ -494,7 +517,74 @@ impl Topology {
         self.validate_dead_letter(&mut issue);
         self.validate_transaction_timeout(&mut issue);
         self.validate_client_settings(&mut issue);
+        self.validate_avro(&mut issue);
         issues
+    }
+
+    /// Avro inputs and outputs, and their registry. The schemas themselves are parsed when
+    /// the pipeline is compiled ([`crate::codec::avro`]).
+    fn validate_avro(&self, issue: &mut dyn FnMut(String, &str)) {
+        let mut uses_avro = false;
+        for (i, input) in self.inputs.iter().enumerate() {
+            uses_avro |= input.codec == Codec::Avro;
+            if input.avro.is_some() && input.codec != Codec::Avro {
+                issue(
+                    format!("inputs[{i}].avro"),
+                    "is for `codec: avro` inputs only",
+                );
+            }
+            if let Some(a) = &input.avro {
+                if a.reader_schema.is_some() && a.reader_schema_file.is_some() {
+                    issue(
+                        format!("inputs[{i}].avro"),
+                        "give `reader_schema` or `reader_schema_file`, not both",
+                    );
+                }
+            }
+        }
+        for (o, output) in self.outputs.iter().enumerate() {
+            let avro = output.codec == Some(Codec::Avro);
+            uses_avro |= avro;
+            match (&output.avro, avro) {
+                (Some(_), false) => issue(
+                    format!("outputs[{o}].avro"),
+                    "is for `codec: avro` outputs only",
+                ),
+                (None, true) => issue(
+                    format!("outputs[{o}].avro"),
+                    "an Avro output needs its schema: `avro: {schema: ...}` or `avro: {schema_file: ...}`",
+                ),
+                (Some(a), true) => {
+                    if a.schema.is_some() == a.schema_file.is_some() {
+                        issue(
+                            format!("outputs[{o}].avro"),
+                            "needs exactly one of `schema` and `schema_file`",
+                        );
+                    }
+                    if output.topic.is_none() {
+                        issue(
+                            format!("outputs[{o}].codec"),
+                            "`avro` is for Kafka topic outputs",
+                        );
+                    }
+                }
+                (None, false) => {}
+            }
+        }
+        match &self.schema_registry {
+            Some(r) => {
+                let mut found = Vec::new();
+                avro::validate_registry(r, &mut found);
+                for i in found {
+                    issue(i.path, &i.message);
+                }
+            }
+            None if uses_avro => issue(
+                "schema_registry".into(),
+                "Avro inputs and outputs need a schema registry: `schema_registry: {url: ...}`",
+            ),
+            None => {}
+        }
     }
 
     /// The job's name.
@@ -776,12 +866,17 @@ impl Topology {
         }
     }
 
-    /// Whether every input is decoded as JSON.
+    /// Whether every input is decoded to a document (JSON or Avro).
     pub fn json_inputs(&self) -> bool {
-        !self.inputs.is_empty() && self.inputs.iter().all(|i| i.codec == Codec::Json)
+        !self.inputs.is_empty()
+            && self
+                .inputs
+                .iter()
+                .all(|i| matches!(i.codec, Codec::Json | Codec::Avro))
     }
 
-    /// The codec output `index` writes with: its own, or `json` when every input is JSON.
+    /// The codec output `index` writes with: its own, or `json` when every input is a
+    /// document.
     pub fn output_codec(&self, index: usize) -> Codec {
         self.outputs
             .get(index)

@@ -129,6 +129,15 @@ impl Pipeline {
     /// Compiles every expression of `topology` and resolves route targets to output indexes.
     /// Returns every problem at once, each with its field path.
     pub fn compile(topology: &Topology) -> Result<Pipeline, Vec<ConfigIssue>> {
+        let codecs = crate::codec::Codecs::offline(topology)?;
+        Pipeline::compile_with(topology, codecs)
+    }
+
+    /// [`Pipeline::compile`] with codecs already set up (a job's: with its schema registry).
+    pub fn compile_with(
+        topology: &Topology,
+        codecs: crate::codec::Codecs,
+    ) -> Result<Pipeline, Vec<ConfigIssue>> {
         let mut compiler = Compiler::new(topology);
         let mut steps = Vec::new();
         let mut route = None;
@@ -142,15 +151,11 @@ impl Pipeline {
                 steps.push((step, p.kind()));
             }
         }
-        let outputs = compiler.outputs(topology);
+        let outputs = compiler.outputs(topology, codecs.encoders);
         let issues = compiler.into_issues();
         if issues.is_empty() {
             Ok(Pipeline {
-                decoders: topology
-                    .inputs
-                    .iter()
-                    .map(|i| (i.source_name(), crate::codec::decoder(i.codec)))
-                    .collect(),
+                decoders: codecs.decoders,
                 steps,
                 route,
                 outputs,
@@ -531,16 +536,16 @@ impl<'t> Compiler<'t> {
     }
 
     /// The outputs of `topology`: their encoders and compiled keys.
-    fn outputs(&mut self, topology: &Topology) -> Vec<OutputSpec> {
+    fn outputs(&mut self, topology: &Topology, encoders: Vec<Box<dyn Encoder>>) -> Vec<OutputSpec> {
         let mut outputs = Vec::new();
-        for (i, o) in topology.outputs.iter().enumerate() {
+        for ((i, o), encoder) in topology.outputs.iter().enumerate().zip(encoders) {
             let key = o
                 .key
                 .as_deref()
                 .and_then(|src| self.expression(format!("outputs[{i}].key"), src));
             outputs.push(OutputSpec {
                 name: o.name().to_string(),
-                encoder: crate::codec::encoder(topology.output_codec(i)),
+                encoder,
                 key,
                 headers: o.headers,
             });

@@ -1,0 +1,259 @@
+//! Avro in the Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the Avro
+//! binary datum), with schemas from a schema registry.
+//!
+//! A decoded Avro record is the same document a JSON value decodes to ([`crate::codec::json::Doc`]),
+//! so expressions, processors and every output treat both alike, and a pipeline can read Avro
+//! and write JSON or the other way round; [`read`] gives the mapping of each Avro type.
+//!
+//! * Decoding: the writer's schema by the id in the value (fetched once per id, then cached:
+//!   [`registry`]); with a reader schema named in the topology, the datum is resolved to it by
+//!   Avro's rules (apache-avro's resolution: added fields take their defaults, removed fields
+//!   are skipped, `int` is promoted to `long`, `float`, `double`, ...).
+//! * Encoding: with the output's schema, registered (or looked up) under its subject when the
+//!   job starts, so encoding never calls the registry.
+//!
+//! Datums are read and written by this module's own walk over a compiled schema
+//! ([`schema`], [`read`], [`write`]) rather than through apache-avro's generic `Value`: the
+//! document is built straight from the bytes, without the intermediate `Value` tree and its
+//! per-field name copies (measured in docs/benchmarks.md, "Avro codec"). apache-avro parses
+//! and checks every schema, resolves writer to reader, and is the reference the property test
+//! holds this reader to.
+
+pub mod read;
+pub mod registry;
+pub mod schema;
+pub mod write;
+
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::sync::{Arc, RwLock};
+
+use apache_avro::Schema;
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::writer::datum::GenericDatumWriter;
+
+use super::json::Doc;
+use super::{CodecError, Decoder, Encoder, Value};
+use crate::record::ErrorKind;
+pub use registry::{Lookup, Registry, Writer};
+use schema::Compiled;
+
+/// The magic byte of the Confluent wire format.
+pub const MAGIC: u8 = 0;
+/// Magic byte and schema id.
+pub const HEADER_LEN: usize = 5;
+
+/// The schema id of a value in the Confluent wire format, and its datum.
+pub fn split_header(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(bad_avro(format!(
+            "the value is {} byte(s) long, shorter than the 5-byte header of the Confluent wire \
+             format (magic byte 0, schema id)",
+            bytes.len()
+        )));
+    }
+    if bytes[0] != MAGIC {
+        return Err(bad_avro(format!(
+            "the value starts with byte {:#04x}, not the magic byte 0 of the Confluent wire format",
+            bytes[0]
+        )));
+    }
+    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    Ok((id, &bytes[HEADER_LEN..]))
+}
+
+/// Magic byte and schema id, then `datum`.
+pub fn frame(id: u32, datum: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + datum.len());
+    out.push(MAGIC);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(datum);
+    out
+}
+
+fn bad_avro(message: String) -> CodecError {
+    CodecError {
+        kind: ErrorKind::BadAvro,
+        message,
+    }
+}
+
+/// A schema the topology gives (a reader or an output schema), parsed and compiled.
+#[derive(Debug)]
+pub struct Given {
+    pub schema: Schema,
+    pub compiled: Compiled,
+    pub canonical: String,
+}
+
+impl Given {
+    /// Parses schema JSON (a mapping in the topology, or its text).
+    pub fn parse(json: &serde_json::Value) -> Result<Given, String> {
+        let schema = Schema::parse(json).map_err(|e| format!("not a valid Avro schema: {e}"))?;
+        let compiled = Compiled::new(&schema)?;
+        Ok(Given {
+            canonical: schema.canonical_form(),
+            schema,
+            compiled,
+        })
+    }
+
+    /// The name of the schema's root type (for the record name strategies).
+    pub fn full_name(&self) -> Option<String> {
+        self.schema.name().map(|n| n.fullname(None))
+    }
+}
+
+/// How a value written with one schema id is read.
+enum Plan {
+    /// With the writer's own schema (no reader schema, or the reader schema is the writer's).
+    Direct(Arc<Writer>),
+    /// Resolved from the writer's schema to the reader's.
+    Resolve(Arc<Writer>),
+}
+
+/// The Avro decoder of an input.
+pub struct AvroDecoder {
+    registry: Arc<Registry>,
+    reader: Option<Arc<Given>>,
+    plans: RwLock<HashMap<u32, Arc<Plan>>>,
+}
+
+impl AvroDecoder {
+    pub fn new(registry: Arc<Registry>, reader: Option<Arc<Given>>) -> AvroDecoder {
+        AvroDecoder {
+            registry,
+            reader,
+            plans: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn plan(&self, id: u32) -> Result<Arc<Plan>, CodecError> {
+        if let Some(p) = self
+            .plans
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&id)
+        {
+            return Ok(Arc::clone(p));
+        }
+        let writer = self.registry.writer(id).map_err(|e| match e {
+            Lookup::Unknown(message) => CodecError {
+                kind: ErrorKind::UnknownSchema,
+                message,
+            },
+            Lookup::Unavailable(message) => CodecError {
+                kind: ErrorKind::RegistryUnavailable,
+                message,
+            },
+        })?;
+        let plan = Arc::new(match &self.reader {
+            Some(r) if r.canonical != writer.canonical => Plan::Resolve(writer),
+            _ => Plan::Direct(writer),
+        });
+        self.plans
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, Arc::clone(&plan));
+        Ok(plan)
+    }
+}
+
+impl Decoder for AvroDecoder {
+    fn decode<'a>(&self, bytes: Option<&'a [u8]>) -> Result<Value<'a>, CodecError> {
+        let Some(bytes) = bytes else {
+            return Ok(Value::Json(None));
+        };
+        let (id, datum) = split_header(bytes)?;
+        let plan = self.plan(id)?;
+        let doc = match (&*plan, &self.reader) {
+            (Plan::Direct(writer), _) | (Plan::Resolve(writer), None) => {
+                read::decode(&writer.compiled, datum)
+                    .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?
+            }
+            (Plan::Resolve(writer), Some(reader)) => resolve(id, writer, reader, datum)?,
+        };
+        Ok(Value::Json(Some(doc)))
+    }
+}
+
+/// Reads `datum` written with `writer` as `reader` says. The bytes are checked against the
+/// writer's schema first, so that corrupt bytes are `bad_avro` and only a datum the reader
+/// schema cannot take is a `schema_mismatch`.
+fn resolve<'a>(
+    id: u32,
+    writer: &Writer,
+    reader: &Given,
+    datum: &[u8],
+) -> Result<Doc<'a>, CodecError> {
+    read::decode(&writer.compiled, datum).map_err(|e| bad_avro(format!("schema id {id}: {e}")))?;
+    let mismatch = |e: String| CodecError {
+        kind: ErrorKind::SchemaMismatch,
+        message: format!(
+            "schema id {id} cannot be read with the input's reader schema: {e}"
+        ),
+    };
+    let value = GenericDatumReader::builder(&writer.schema)
+        .reader_schema(&reader.schema)
+        .build()
+        .and_then(|r| r.read_value(&mut Cursor::new(datum)))
+        .map_err(|e| mismatch(e.to_string()))?;
+    // Written again with the reader's schema and read with it: one mapping to documents.
+    let resolved = GenericDatumWriter::builder(&reader.schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .map_err(|e| mismatch(e.to_string()))?;
+    read::decode(&reader.compiled, &resolved).map_err(mismatch)
+}
+
+/// The Avro encoder of an output: its schema and the id the registry gave it.
+pub struct AvroEncoder {
+    id: u32,
+    subject: String,
+    schema: Arc<Given>,
+}
+
+impl AvroEncoder {
+    pub fn new(id: u32, subject: String, schema: Arc<Given>) -> AvroEncoder {
+        AvroEncoder {
+            id,
+            subject,
+            schema,
+        }
+    }
+}
+
+impl Encoder for AvroEncoder {
+    fn encode(&self, value: &Value<'_>, size_hint: usize) -> Result<Option<Vec<u8>>, CodecError> {
+        let parsed;
+        let doc = match value {
+            Value::Json(None) | Value::Raw(None) => return Ok(None),
+            Value::Json(Some(doc)) => doc,
+            // Raw bytes written as Avro must be a JSON document.
+            Value::Raw(Some(bytes)) => {
+                parsed = Doc::parse(bytes).map_err(|e| CodecError {
+                    kind: ErrorKind::BadJson,
+                    message: format!(
+                        "the value is raw bytes, and an Avro output takes a document: it is not \
+                         valid JSON: {e}"
+                    ),
+                })?;
+                &parsed
+            }
+        };
+        let mut out = Vec::with_capacity(size_hint + HEADER_LEN);
+        out.push(MAGIC);
+        out.extend_from_slice(&self.id.to_be_bytes());
+        write::encode(&self.schema.compiled, doc, &mut out).map_err(|e| CodecError {
+            kind: ErrorKind::SchemaMismatch,
+            message: format!(
+                "the record does not fit the output schema (subject `{}`, id {}): {e}",
+                self.subject, self.id
+            ),
+        })?;
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests;

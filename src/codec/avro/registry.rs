@@ -1,0 +1,279 @@
+//! The schema registry (Confluent's REST API: Confluent Schema Registry, Apicurio's
+//! `/apis/ccompat/v7`, Redpanda, Karapace), spoken through schema_registry_converter's blocking
+//! calls, and the cache in front of it.
+//!
+//! A writer schema is fetched once per id and kept for the life of the process (an id never
+//! changes its schema); an id the registry answers 404 for is remembered as unknown for
+//! [`UNKNOWN_FOR`], so that a run of poison records naming it does not call the registry for
+//! each. Output schemas are registered (or looked up) once, when the job starts. Nothing else
+//! calls the registry: decoding and encoding never do once the ids they meet are cached.
+//!
+//! Every call blocks (reqwest's blocking client); callers run on the job's own thread, never
+//! on an async executor's worker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use apache_avro::Schema;
+use schema_registry_converter::blocking::schema_registry::{
+    SrSettings, get_schema_by_id, is_compatible_schema, perform_sr_call, post_schema,
+};
+use schema_registry_converter::error::SRCError;
+use schema_registry_converter::schema_registry_common::{
+    RawError, SchemaType, SrCall, SuppliedSchema,
+};
+
+use super::schema::Compiled;
+use crate::topology::SchemaRegistry;
+
+/// How long an id the registry did not know is taken as unknown before it is asked again.
+pub const UNKNOWN_FOR: Duration = Duration::from_secs(60);
+
+/// A writer schema as fetched: parsed, compiled, and its canonical form (to tell whether it
+/// is the reader schema itself).
+#[derive(Debug)]
+pub struct Writer {
+    pub schema: Schema,
+    pub compiled: Compiled,
+    pub canonical: String,
+}
+
+impl Writer {
+    pub fn new(schema: Schema) -> Result<Writer, String> {
+        let compiled = Compiled::new(&schema)?;
+        let canonical = schema.canonical_form();
+        Ok(Writer {
+            schema,
+            compiled,
+            canonical,
+        })
+    }
+}
+
+/// Why a schema id could not be looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The registry answered that it does not know the id (or its schema is not valid
+    /// Avro): the record's fault.
+    Unknown(String),
+    /// The registry could not be asked: down, timing out, refusing the credentials.
+    Unavailable(String),
+}
+
+enum Entry {
+    Known(Arc<Writer>),
+    Unknown { since: Instant, message: String },
+}
+
+/// The registry client and its cache of schemas by id.
+pub struct Registry {
+    /// `None` offline (`onceflow test`, unit tests): only schemas added by hand are known.
+    settings: Option<SrSettings>,
+    url: String,
+    by_id: RwLock<HashMap<u32, Entry>>,
+    /// Ids given to schemas registered offline.
+    next_local_id: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("url", &self.url).finish()
+    }
+}
+
+impl Registry {
+    /// A client of the registry `config` names. Makes no call.
+    pub fn connect(config: &SchemaRegistry) -> Result<Registry, String> {
+        let mut builder = SrSettings::new_builder(config.url.trim_end_matches('/').to_string());
+        builder.set_timeout(Duration::from_millis(config.timeout_ms));
+        if let Some(user) = &config.username {
+            builder.set_basic_authorization(user, config.password.as_deref());
+        }
+        let settings = builder
+            .build()
+            .map_err(|e| format!("schema registry {}: {}", config.url, message(&e)))?;
+        Ok(Registry {
+            settings: Some(settings),
+            url: config.url.clone(),
+            by_id: RwLock::new(HashMap::new()),
+            next_local_id: 1.into(),
+        })
+    }
+
+    /// A registry without a server: schemas are added by hand ([`Registry::add`]) or
+    /// registered with local ids.
+    pub fn offline() -> Registry {
+        Registry {
+            settings: None,
+            url: "(offline)".into(),
+            by_id: RwLock::new(HashMap::new()),
+            next_local_id: 1.into(),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Makes `schema` known under `id` (offline use: `onceflow test`, tests).
+    pub fn add(&self, id: u32, schema: Schema) -> Result<Arc<Writer>, String> {
+        let writer = Arc::new(Writer::new(schema)?);
+        write_lock(&self.by_id).insert(id, Entry::Known(Arc::clone(&writer)));
+        Ok(writer)
+    }
+
+    /// The writer schema of `id`: from the cache, or fetched once and cached.
+    pub fn writer(&self, id: u32) -> Result<Arc<Writer>, Lookup> {
+        match read_lock(&self.by_id).get(&id) {
+            Some(Entry::Known(w)) => return Ok(Arc::clone(w)),
+            Some(Entry::Unknown { since, message }) if since.elapsed() < UNKNOWN_FOR => {
+                return Err(Lookup::Unknown(message.clone()));
+            }
+            _ => {}
+        }
+        let Some(settings) = &self.settings else {
+            return Err(Lookup::Unknown(format!("schema id {id} is not known")));
+        };
+        let fetched = get_schema_by_id(id, settings);
+        let entry = match fetched {
+            Ok(registered) => match Schema::parse_str(&registered.schema)
+                .map_err(|e| e.to_string())
+                .and_then(Writer::new)
+            {
+                Ok(w) => Entry::Known(Arc::new(w)),
+                Err(e) => Entry::Unknown {
+                    since: Instant::now(),
+                    message: format!("schema id {id} is not a valid Avro schema: {e}"),
+                },
+            },
+            Err(e) if not_found(&e) => Entry::Unknown {
+                since: Instant::now(),
+                message: format!("schema id {id} is unknown to the registry at {}", self.url),
+            },
+            Err(e) => {
+                return Err(Lookup::Unavailable(format!(
+                    "cannot fetch schema id {id} from the registry at {}: {}",
+                    self.url,
+                    message(&e)
+                )));
+            }
+        };
+        let result = match &entry {
+            Entry::Known(w) => Ok(Arc::clone(w)),
+            Entry::Unknown { message, .. } => Err(Lookup::Unknown(message.clone())),
+        };
+        write_lock(&self.by_id).insert(id, entry);
+        result
+    }
+
+    /// The id of `schema` under `subject`: registered when `auto_register` (the registry
+    /// refuses a schema incompatible with the subject's versions), looked up otherwise.
+    pub fn register(
+        &self,
+        subject: &str,
+        schema: &Schema,
+        auto_register: bool,
+    ) -> Result<u32, String> {
+        let text = schema.canonical_form();
+        let Some(settings) = &self.settings else {
+            let id = self
+                .next_local_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.add(id, schema.clone())?;
+            return Ok(id);
+        };
+        let id = if auto_register {
+            post_schema(
+                settings,
+                subject.to_string(),
+                SuppliedSchema::new(None, SchemaType::Avro, text.clone()),
+            )
+            .map(|r| r.id)
+            .map_err(|e| {
+                format!(
+                    "the registry at {} refused the schema of subject `{subject}`: {}",
+                    self.url,
+                    message(&e)
+                )
+            })?
+        } else {
+            let body = serde_json::json!({ "schema": text, "schemaType": "AVRO" }).to_string();
+            perform_sr_call(settings, SrCall::PostForVersion(subject, &body))
+                .map_err(|e| {
+                    format!(
+                        "subject `{subject}` of the registry at {} has no version with the \
+                         output's schema (auto_register is false): {}",
+                        self.url,
+                        message(&e)
+                    )
+                })?
+                .id
+                .ok_or_else(|| format!("the registry gave no id for subject `{subject}`"))?
+        };
+        self.add(id, schema.clone())?;
+        Ok(id)
+    }
+
+    /// Whether `schema` may be registered under `subject` (a subject without versions takes
+    /// any schema).
+    pub fn is_compatible(&self, subject: &str, schema: &Schema) -> Result<bool, String> {
+        let Some(settings) = &self.settings else {
+            return Ok(true);
+        };
+        match is_compatible_schema(
+            settings,
+            subject.to_string(),
+            SuppliedSchema::new(None, SchemaType::Avro, schema.canonical_form()),
+        ) {
+            Ok(ok) => Ok(ok),
+            Err(e) if not_found(&e) => Ok(true),
+            Err(e) => Err(format!(
+                "the registry at {} cannot check subject `{subject}`: {}",
+                self.url,
+                message(&e)
+            )),
+        }
+    }
+
+    /// Whether the registry answers (its subject list).
+    pub fn ping(&self) -> Result<(), String> {
+        let Some(settings) = &self.settings else {
+            return Ok(());
+        };
+        schema_registry_converter::blocking::schema_registry::get_all_subjects(settings)
+            .map(|_| ())
+            .map_err(|e| format!("the registry at {} does not answer: {}", self.url, message(&e)))
+    }
+}
+
+/// Whether the registry answered 404 (Confluent's error codes 404xx: subject, version or
+/// schema not found).
+fn not_found(e: &SRCError) -> bool {
+    let code = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RawError>())
+        .map(|r| r.error_code);
+    match code {
+        Some(c) => c == 404 || (40400..40500).contains(&c),
+        None => e.cause.as_deref().is_some_and(|c| c.contains("status 404")),
+    }
+}
+
+/// The registry's own words (its error message and code), not the converter's wrapping.
+fn message(e: &SRCError) -> String {
+    let raw = std::error::Error::source(e).and_then(|s| s.downcast_ref::<RawError>());
+    match (raw, &e.cause) {
+        (Some(r), _) => format!("{} ({}: error code {})", r.message, e.error, r.error_code),
+        (None, Some(cause)) => format!("{}: {cause}", e.error),
+        (None, None) => e.error.clone(),
+    }
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // A poisoned cache still holds valid entries: each is inserted whole.
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

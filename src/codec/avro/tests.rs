@@ -1,0 +1,431 @@
+use std::sync::Arc;
+
+use apache_avro::Schema;
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value as Avro;
+use apache_avro::writer::datum::GenericDatumWriter;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value as Json, json};
+
+use super::*;
+use crate::codec::json::Json as JsonCodec;
+
+/// Ten fields of every kind a record carries, logical types included.
+pub const ORDER: &str = r#"{
+  "type": "record", "name": "Order", "namespace": "shop",
+  "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "customer", "type": "string"},
+    {"name": "amount", "type": "double"},
+    {"name": "quantity", "type": "int"},
+    {"name": "paid", "type": "boolean"},
+    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+    {"name": "coupon", "type": ["null", "string"], "default": null},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "attributes", "type": {"type": "map", "values": "long"}},
+    {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}}
+  ]
+}"#;
+
+fn schema(text: &str) -> Schema {
+    Schema::parse_str(text).unwrap()
+}
+
+fn registry_with(id: u32, text: &str) -> Arc<Registry> {
+    let r = Registry::offline();
+    r.add(id, schema(text)).unwrap();
+    Arc::new(r)
+}
+
+fn reference_encode(s: &Schema, v: Avro) -> Vec<u8> {
+    GenericDatumWriter::builder(s)
+        .build()
+        .unwrap()
+        .write_value_to_vec(v)
+        .unwrap()
+}
+
+fn reference_decode(s: &Schema, bytes: &[u8]) -> Option<Avro> {
+    let mut cursor = std::io::Cursor::new(bytes);
+    let v = GenericDatumReader::builder(s)
+        .build()
+        .ok()?
+        .read_value(&mut cursor)
+        .ok()?;
+    (cursor.position() as usize == bytes.len()).then_some(v)
+}
+
+fn order_value(id: i64) -> Avro {
+    Avro::Record(vec![
+        ("id".into(), Avro::Long(id)),
+        ("customer".into(), Avro::String("ada".into())),
+        ("amount".into(), Avro::Double(12.5)),
+        ("quantity".into(), Avro::Int(3)),
+        ("paid".into(), Avro::Boolean(true)),
+        ("status".into(), Avro::Enum(1, "PAID".into())),
+        (
+            "coupon".into(),
+            Avro::Union(1, Box::new(Avro::String("SPRING".into()))),
+        ),
+        (
+            "tags".into(),
+            Avro::Array(vec![Avro::String("a".into()), Avro::String("b".into())]),
+        ),
+        (
+            "attributes".into(),
+            Avro::Map([("weight".to_string(), Avro::Long(7))].into()),
+        ),
+        ("placed_at".into(), Avro::TimestampMillis(1_714_564_800_250)),
+    ])
+}
+
+fn decode_json(decoder: &AvroDecoder, bytes: &[u8]) -> Result<Json, CodecError> {
+    match decoder.decode(Some(bytes))? {
+        Value::Json(Some(doc)) => Ok(doc.to_json()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_record_decodes_to_the_document_expressions_see_and_encodes_back_to_the_same_bytes() {
+    let s = schema(ORDER);
+    let datum = reference_encode(&s, order_value(42));
+    let decoder = AvroDecoder::new(registry_with(7, ORDER), None);
+    let doc = decode_json(&decoder, &frame(7, &datum)).unwrap();
+    assert_eq!(
+        doc,
+        json!({
+            "id": 42, "customer": "ada", "amount": 12.5, "quantity": 3, "paid": true,
+            "status": "PAID", "coupon": "SPRING", "tags": ["a", "b"],
+            "attributes": {"weight": 7}, "placed_at": "2024-05-01T12:00:00.250Z"
+        })
+    );
+    let given = Arc::new(Given::parse(&serde_json::from_str(ORDER).unwrap()).unwrap());
+    let encoder = AvroEncoder::new(9, "orders-value".into(), given);
+    let framed = frame(7, &datum);
+    let value = decoder.decode(Some(&framed)).unwrap();
+    assert_eq!(encoder.encode(&value, 0).unwrap(), Some(frame(9, &datum)));
+    // The same document from JSON text encodes to the same bytes.
+    let text = doc.to_string();
+    let from_json = JsonCodec.decode(Some(text.as_bytes())).unwrap();
+    assert_eq!(encoder.encode(&from_json, 0).unwrap(), Some(frame(9, &datum)));
+    // And Avro in, JSON out.
+    let out = JsonCodec.encode(&value, 0).unwrap().unwrap();
+    assert_eq!(serde_json::from_slice::<Json>(&out).unwrap(), doc);
+}
+
+#[test]
+fn logical_types_map_to_their_text_and_back() {
+    let text = r#"{"type":"record","name":"L","fields":[
+        {"name":"ts_us","type":{"type":"long","logicalType":"timestamp-micros"}},
+        {"name":"local","type":{"type":"long","logicalType":"local-timestamp-millis"}},
+        {"name":"day","type":{"type":"int","logicalType":"date"}},
+        {"name":"time","type":{"type":"int","logicalType":"time-millis"}},
+        {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":9,"scale":2}},
+        {"name":"neg","type":{"type":"fixed","name":"D","size":4,"logicalType":"decimal","precision":6,"scale":3}},
+        {"name":"uid","type":{"type":"string","logicalType":"uuid"}},
+        {"name":"raw","type":"bytes"},
+        {"name":"nan","type":"float"}
+    ]}"#;
+    let s = schema(text);
+    let datum = reference_encode(
+        &s,
+        Avro::Record(vec![
+            ("ts_us".into(), Avro::TimestampMicros(1_714_564_800_000_001)),
+            ("local".into(), Avro::LocalTimestampMillis(0)),
+            ("day".into(), Avro::Date(19_844)),
+            ("time".into(), Avro::TimeMillis(45_296_789)),
+            (
+                "price".into(),
+                Avro::Decimal(apache_avro::Decimal::from(vec![0x04, 0xe2])), // 1250, minimal
+            ),
+            (
+                "neg".into(),
+                Avro::Decimal(apache_avro::Decimal::from((-5i32).to_be_bytes().to_vec())),
+            ),
+            (
+                "uid".into(),
+                Avro::Uuid(uuid::Uuid::parse_str("67e55044-10b1-426f-9247-bb680e5fe0c8").unwrap()),
+            ),
+            ("raw".into(), Avro::Bytes(vec![0, 1, 2, 255])),
+            ("nan".into(), Avro::Float(f32::NAN)),
+        ]),
+    );
+    let decoder = AvroDecoder::new(registry_with(1, text), None);
+    let doc = decode_json(&decoder, &frame(1, &datum)).unwrap();
+    assert_eq!(
+        doc,
+        json!({
+            "ts_us": "2024-05-01T12:00:00.000001Z", "local": "1970-01-01T00:00:00.000",
+            "day": "2024-05-01", "time": "12:34:56.789", "price": "12.50", "neg": "-0.005",
+            "uid": "67e55044-10b1-426f-9247-bb680e5fe0c8", "raw": "AAEC/w==", "nan": "NaN"
+        })
+    );
+    let given = Arc::new(Given::parse(&serde_json::from_str(text).unwrap()).unwrap());
+    let encoder = AvroEncoder::new(1, "l".into(), given);
+    let framed = frame(1, &datum);
+    let value = decoder.decode(Some(&framed)).unwrap();
+    assert_eq!(encoder.encode(&value, 0).unwrap(), Some(frame(1, &datum)));
+    // The plain forms a JSON input carries are taken too: numbers in the type's unit.
+    let plain = json!({
+        "ts_us": 1_714_564_800_000_001i64, "local": 0, "day": 19_844, "time": 45_296_789,
+        "price": 12.5, "neg": "-0.005", "uid": "67e55044-10b1-426f-9247-bb680e5fe0c8",
+        "raw": "AAEC/w==", "nan": "NaN"
+    })
+    .to_string();
+    let from_json = JsonCodec.decode(Some(plain.as_bytes())).unwrap();
+    assert_eq!(encoder.encode(&from_json, 0).unwrap(), Some(frame(1, &datum)));
+}
+
+fn reader_schema_case(reader: &str) -> Result<Json, CodecError> {
+    let v1 = r#"{"type":"record","name":"Order","fields":[
+        {"name":"id","type":"int"},
+        {"name":"note","type":"string"}]}"#;
+    let s = schema(v1);
+    let datum = reference_encode(
+        &s,
+        Avro::Record(vec![
+            ("id".into(), Avro::Int(5)),
+            ("note".into(), Avro::String("gone".into())),
+        ]),
+    );
+    let given = Given::parse(&serde_json::from_str(reader).unwrap()).unwrap();
+    let decoder = AvroDecoder::new(registry_with(3, v1), Some(Arc::new(given)));
+    decode_json(&decoder, &frame(3, &datum))
+}
+
+#[test]
+fn a_reader_schema_resolves_added_removed_and_promoted_fields() {
+    // id promoted int -> long, note removed, currency added with its default.
+    let v2 = r#"{"type":"record","name":"Order","fields":[
+        {"name":"id","type":"long"},
+        {"name":"currency","type":"string","default":"EUR"}]}"#;
+    assert_eq!(
+        reader_schema_case(v2).unwrap(),
+        json!({"id": 5, "currency": "EUR"})
+    );
+    // A reader field without a default that the writer lacks: the reader cannot take it.
+    let bad = r#"{"type":"record","name":"Order","fields":[
+        {"name":"id","type":"long"},
+        {"name":"currency","type":"string"}]}"#;
+    let err = reader_schema_case(bad).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::SchemaMismatch, "{err}");
+    assert!(err.message.contains("schema id 3"), "{err}");
+}
+
+#[test]
+fn bad_values_are_bad_avro_or_unknown_schema_with_a_precise_reason() {
+    let decoder = AvroDecoder::new(registry_with(7, ORDER), None);
+    let datum = reference_encode(&schema(ORDER), order_value(1));
+    let cases: Vec<(Vec<u8>, ErrorKind, &str)> = vec![
+        (b"{\"id\":1}".to_vec(), ErrorKind::BadAvro, "not the magic byte 0"),
+        (vec![0, 0, 0], ErrorKind::BadAvro, "shorter than the 5-byte header"),
+        (frame(8, &datum), ErrorKind::UnknownSchema, "schema id 8"),
+        (
+            frame(7, &datum[..datum.len() - 3]),
+            ErrorKind::BadAvro,
+            "truncated",
+        ),
+        (
+            frame(7, &[datum.as_slice(), &[1, 2]].concat()),
+            ErrorKind::BadAvro,
+            "2 byte(s) left over after the record",
+        ),
+        (
+            // id (1 byte), customer (4), amount (8), quantity (1), paid (1): then `status`,
+            // here index 9 (zig-zag 18) of 3 symbols.
+            frame(7, &{
+                let mut d = datum.clone();
+                d[15] = 18;
+                d
+            }),
+            ErrorKind::BadAvro,
+            "at `status`: enum index 9 of 3 symbols",
+        ),
+    ];
+    for (bytes, kind, reason) in cases {
+        let err = decoder.decode(Some(&bytes)).unwrap_err();
+        assert_eq!(err.kind, kind, "{err}");
+        assert!(err.message.contains(reason), "{reason:?} not in {err}");
+    }
+    // A tombstone is no value, not an error.
+    assert!(matches!(decoder.decode(None), Ok(Value::Json(None))));
+}
+
+#[test]
+fn a_record_that_does_not_fit_the_output_schema_names_the_field_path() {
+    let given = Arc::new(Given::parse(&serde_json::from_str(ORDER).unwrap()).unwrap());
+    let encoder = AvroEncoder::new(1, "orders-value".into(), given);
+    let base = json!({
+        "id": 1, "customer": "ada", "amount": 1.0, "quantity": 1, "paid": false,
+        "status": "NEW", "tags": [], "attributes": {}, "placed_at": 0
+    });
+    let fails = |change: &dyn Fn(&mut Json), expected: &str| {
+        let mut v = base.clone();
+        change(&mut v);
+        let text = v.to_string();
+        let value = JsonCodec.decode(Some(text.as_bytes())).unwrap();
+        let err = encoder.encode(&value, 0).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::SchemaMismatch, "{err}");
+        assert!(err.message.contains(expected), "{expected:?} not in {err}");
+    };
+    // The base fits (the nullable coupon may be left out).
+    let text = base.to_string();
+    encoder
+        .encode(&JsonCodec.decode(Some(text.as_bytes())).unwrap(), 0)
+        .unwrap();
+    fails(
+        &|v| {
+            v.as_object_mut().unwrap().remove("customer");
+        },
+        "at `customer`: missing: shop.Order requires it",
+    );
+    fails(
+        &|v| v["quantity"] = json!("three"),
+        "at `quantity`: the string \"three\" does not fit int",
+    );
+    fails(
+        &|v| v["quantity"] = json!(3_000_000_000i64),
+        "at `quantity`: the number 3000000000 does not fit int",
+    );
+    fails(
+        &|v| v["status"] = json!("LOST"),
+        "at `status`: `LOST` is not a symbol of enum shop.Status (NEW, PAID, SHIPPED)",
+    );
+    fails(
+        &|v| v["tags"] = json!(["a", 2]),
+        "at `tags[1]`: the number 2 does not fit string",
+    );
+    fails(
+        &|v| v["attributes"] = json!({"w": "x"}),
+        "at `attributes.w`",
+    );
+    fails(
+        &|v| v["extra"] = json!(1),
+        "at `extra`: not a field of shop.Order",
+    );
+}
+
+// --- The property test: random and mutated bytes --------------------------------------------
+
+/// A random value of `schema`'s shape, for the reference writer.
+fn random_order(rng: &mut impl Rng) -> Avro {
+    let word = |rng: &mut dyn rand::RngCore| -> String {
+        let n = rng.random_range(0..12);
+        (0..n)
+            .map(|_| char::from_u32(rng.random_range(32..0x2FF)).unwrap_or('x'))
+            .collect()
+    };
+    Avro::Record(vec![
+        ("id".into(), Avro::Long(rng.random())),
+        ("customer".into(), Avro::String(word(rng))),
+        ("amount".into(), Avro::Double(rng.random_range(-1e9..1e9))),
+        ("quantity".into(), Avro::Int(rng.random())),
+        ("paid".into(), Avro::Boolean(rng.random())),
+        ("status".into(), {
+            let i = rng.random_range(0..3u32);
+            Avro::Enum(i, ["NEW", "PAID", "SHIPPED"][i as usize].into())
+        }),
+        (
+            "coupon".into(),
+            if rng.random() {
+                Avro::Union(0, Box::new(Avro::Null))
+            } else {
+                Avro::Union(1, Box::new(Avro::String(word(rng))))
+            },
+        ),
+        (
+            "tags".into(),
+            Avro::Array((0..rng.random_range(0..4)).map(|_| Avro::String(word(rng))).collect()),
+        ),
+        (
+            "attributes".into(),
+            Avro::Map(
+                (0..rng.random_range(0..4))
+                    .map(|_| (word(rng), Avro::Long(rng.random())))
+                    .collect(),
+            ),
+        ),
+        (
+            "placed_at".into(),
+            Avro::TimestampMillis(rng.random_range(-10_000_000_000_000..10_000_000_000_000)),
+        ),
+    ])
+}
+
+/// Random bytes, or a valid datum with a few bytes changed, cut or added.
+fn random_bytes(rng: &mut impl Rng, s: &Schema) -> Vec<u8> {
+    if rng.random_range(0..4) == 0 {
+        return (0..rng.random_range(0..64)).map(|_| rng.random()).collect();
+    }
+    let mut d = reference_encode(s, random_order(rng));
+    match rng.random_range(0..5) {
+        0 => {}
+        1 => {
+            let cut = rng.random_range(0..=d.len());
+            d.truncate(cut);
+        }
+        2 => d.push(rng.random()),
+        _ => {
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..d.len());
+                d[i] = rng.random();
+            }
+        }
+    }
+    d
+}
+
+/// Runs `cases` random inputs through the decoder: it never panics, and it agrees with
+/// apache-avro's reader: it accepts exactly the datums apache-avro reads in full (and not a
+/// byte more), and the value it reads, written back, is apache-avro's value.
+pub fn property_run(cases: u64, seed: u64) -> (u64, u64) {
+    let s = schema(ORDER);
+    let compiled = Compiled::new(&s).unwrap();
+    let encoder = Arc::new(Given::parse(&serde_json::from_str(ORDER).unwrap()).unwrap());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (mut accepted, mut refused) = (0, 0);
+    for case in 0..cases {
+        let bytes = random_bytes(&mut rng, &s);
+        let ours = read::decode(&compiled, &bytes);
+        let reference = reference_decode(&s, &bytes);
+        match (ours, reference) {
+            (Ok(doc), Some(expected)) => {
+                accepted += 1;
+                let mut back = Vec::new();
+                write::encode(&encoder.compiled, &doc, &mut back)
+                    .unwrap_or_else(|e| panic!("case {case}: {bytes:?}: cannot write back: {e}"));
+                assert_eq!(
+                    reference_decode(&s, &back),
+                    Some(expected),
+                    "case {case}: {bytes:?}"
+                );
+            }
+            (Err(_), None) => refused += 1,
+            (Ok(doc), None) => panic!(
+                "case {case}: {bytes:?} read as {:?}, apache-avro refuses it",
+                doc.to_json()
+            ),
+            (Err(e), Some(v)) => {
+                panic!("case {case}: {bytes:?} refused ({e}), apache-avro reads {v:?}")
+            }
+        }
+    }
+    (accepted, refused)
+}
+
+#[test]
+fn random_and_mutated_bytes_never_panic_and_agree_with_apache_avro() {
+    let cases = std::env::var("ONCEFLOW_AVRO_PROPERTY_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let seed = std::env::var("ONCEFLOW_AVRO_PROPERTY_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("seed {seed} (ONCEFLOW_AVRO_PROPERTY_SEED to run it again)");
+    let (accepted, refused) = property_run(cases, seed);
+    // Both kinds of input are met, so the test can fail either way.
+    assert!(accepted > cases / 10 && refused > cases / 10, "{accepted} / {refused}");
+}
