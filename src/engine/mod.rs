@@ -67,6 +67,10 @@ pub enum EngineError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Relay(#[from] crate::relay::RelayError),
+    /// The schema registry refused an output's schema (incompatible with its subject), or
+    /// cannot be reached when the job starts.
+    #[error("schema registry: {0}")]
+    Registry(String),
 }
 
 fn issues(list: &[ConfigIssue]) -> String {
@@ -278,7 +282,14 @@ impl<'t> Job<'t> {
         options: &'t RunOptions,
         txn: Arc<Mutex<Txn>>,
     ) -> Result<Job<'t>, EngineError> {
-        let pipeline = Pipeline::compile(topology).map_err(EngineError::Config)?;
+        let codecs = match crate::codec::Codecs::connect(topology) {
+            Ok(c) => c,
+            Err(crate::codec::SetupError::Config(issues)) => return Err(EngineError::Config(issues)),
+            Err(crate::codec::SetupError::Registry(message)) => {
+                return Err(EngineError::Registry(message));
+            }
+        };
+        let pipeline = Pipeline::compile_with(topology, codecs).map_err(EngineError::Config)?;
         let runtime = &topology.runtime;
         let topics = topology
             .outputs

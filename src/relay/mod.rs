@@ -193,7 +193,9 @@ impl<'t> Relay<'t> {
         let pipeline = if topology.outputs.is_empty() {
             None
         } else {
-            Some(Pipeline::compile(topology).map_err(|issues| {
+            let codecs = crate::codec::Codecs::connect(topology)
+                .map_err(|e| RelayError::Config(e.to_string()))?;
+            Some(Pipeline::compile_with(topology, codecs).map_err(|issues| {
                 RelayError::Config(
                     issues
                         .iter()

@@ -105,6 +105,8 @@ struct OutputSpec {
 /// indexes. Compiled once at load; [`Pipeline::process`] is then a pure function.
 pub struct Pipeline {
     decoders: HashMap<String, Box<dyn Decoder>>,
+    /// The schema registry of the Avro codecs (offline unless the job's).
+    registry: std::sync::Arc<crate::codec::avro::Registry>,
     steps: Vec<(Step, &'static str)>,
     route: Option<Route>,
     outputs: Vec<OutputSpec>,
@@ -156,6 +158,7 @@ impl Pipeline {
         if issues.is_empty() {
             Ok(Pipeline {
                 decoders: codecs.decoders,
+                registry: codecs.registry,
                 steps,
                 route,
                 outputs,
@@ -163,6 +166,12 @@ impl Pipeline {
         } else {
             Err(issues)
         }
+    }
+
+    /// The schema registry its Avro codecs use: offline (schemas added by hand, output
+    /// schemas with local ids) unless compiled with a job's codecs.
+    pub fn registry(&self) -> &std::sync::Arc<crate::codec::avro::Registry> {
+        &self.registry
     }
 
     /// The number of outputs; output indexes given by [`Pipeline::process`] are below it.
