@@ -20,6 +20,11 @@
 //!     errors:                        # records expected to fail (default: none)
 //!       - {input: 0, kind: missing_field}
 //! ```
+//!
+//! The record of an Avro input is given as JSON (as expressions see it) and written with the
+//! schema of `schema_file` (relative to the cases file) or `schema` (inline), by default the
+//! input's reader schema; `raw` gives bytes that are not Avro. What an Avro output receives is
+//! decoded and compared as JSON.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,6 +32,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
+use crate::codec::avro::{AvroDecoder, Given};
+use crate::codec::{Decoder, Value};
 use crate::record::{Origin, Record};
 use crate::topology::{Codec, Output, Target, Topology};
 use crate::transform::Pipeline;
@@ -37,6 +44,9 @@ use crate::transform::Pipeline;
 pub struct CasesFile {
     /// The cases, run independently of each other.
     pub cases: Vec<Case>,
+    /// The directory of the file (set by [`load_cases`]): schema files are relative to it.
+    #[serde(skip)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// Input records and what the outputs must receive from them.
@@ -78,6 +88,13 @@ pub struct InputRecord {
     /// Timestamp, milliseconds since the epoch.
     #[serde(default)]
     pub timestamp: Option<i64>,
+    /// Avro inputs: the schema the value is written with, inline. Default: the input's
+    /// reader schema.
+    #[serde(default)]
+    pub schema: Option<Json>,
+    /// ... or in a file, relative to the cases file.
+    #[serde(default)]
+    pub schema_file: Option<String>,
 }
 
 /// What an output record must be; every field left out is not compared.
@@ -152,7 +169,9 @@ pub fn load_cases(path: &Path) -> Result<CasesFile, CasesError> {
         path: shown.clone(),
         source,
     })?;
-    parse_cases(&text, &shown)
+    let mut cases = parse_cases(&text, &shown)?;
+    cases.dir = path.parent().map(Path::to_path_buf);
+    Ok(cases)
 }
 
 /// Parses cases text; `origin` names it in errors.
@@ -170,13 +189,18 @@ pub fn run_cases(topology: &Topology, pipeline: &Pipeline, cases: &CasesFile) ->
     cases
         .cases
         .iter()
-        .map(|case| run_case(topology, pipeline, case))
+        .map(|case| run_case(topology, pipeline, cases.dir.as_deref(), case))
         .collect()
 }
 
-fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport {
+fn run_case(
+    topology: &Topology,
+    pipeline: &Pipeline,
+    dir: Option<&Path>,
+    case: &Case,
+) -> CaseReport {
     let mut mismatches = Vec::new();
-    let (got, errors) = feed(topology, pipeline, case, &mut mismatches);
+    let (got, errors) = feed(topology, pipeline, dir, case, &mut mismatches);
     for name in case.expect.keys() {
         if !topology.outputs.iter().any(|o| o.name() == name) {
             mismatches.push(format!("expect: no output is named `{name}`"));
@@ -189,7 +213,11 @@ fn run_case(topology: &Topology, pipeline: &Pipeline, case: &Case) -> CaseReport
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         let actual = &got[index];
-        let codec = topology.output_codec(index);
+        // Avro outputs were decoded to JSON by `feed`.
+        let codec = match topology.output_codec(index) {
+            Codec::Avro => Codec::Json,
+            other => other,
+        };
         let same = expected.len() == actual.len()
             && expected
                 .iter()
@@ -214,14 +242,16 @@ type Failure = (usize, String, String);
 fn feed(
     topology: &Topology,
     pipeline: &Pipeline,
+    dir: Option<&Path>,
     case: &Case,
     mismatches: &mut Vec<String>,
 ) -> (Vec<Vec<Record>>, Vec<Failure>) {
+    let avro_out = AvroDecoder::new(std::sync::Arc::clone(pipeline.registry()), None);
     let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
     let mut errors: Vec<Failure> = Vec::new();
     let mut out = Vec::new();
     for (n, input) in case.input.iter().enumerate() {
-        let record = match input_record(topology, n, input) {
+        let record = match input_record(topology, pipeline, dir, n, input) {
             Ok(record) => record,
             Err(mismatch) => {
                 mismatches.push(mismatch);
@@ -231,7 +261,21 @@ fn feed(
         out.clear();
         match pipeline.process(record, &mut out) {
             Ok(()) => {
-                for (index, rec) in out.drain(..) {
+                for (index, mut rec) in out.drain(..) {
+                    if topology.output_codec(index) == Codec::Avro {
+                        rec.value = match avro_out.decode(rec.value.as_deref()) {
+                            Ok(Value::Json(Some(doc))) => {
+                                Some(doc.to_json().to_string().into_bytes())
+                            }
+                            Ok(_) => None,
+                            Err(e) => {
+                                mismatches.push(format!(
+                                    "input[{n}]: its Avro output does not decode: {e}"
+                                ));
+                                continue;
+                            }
+                        };
+                    }
                     if let Some(list) = got.get_mut(index) {
                         list.push(rec);
                     }
@@ -245,19 +289,29 @@ fn feed(
 
 /// The record `input`, the `n`th of its case, as consumed; a mismatch when its topic is no
 /// input of the topology.
-fn input_record(topology: &Topology, n: usize, input: &InputRecord) -> Result<Record, String> {
+fn input_record(
+    topology: &Topology,
+    pipeline: &Pipeline,
+    dir: Option<&Path>,
+    n: usize,
+    input: &InputRecord,
+) -> Result<Record, String> {
     let topic = input
         .topic
         .clone()
         .or_else(|| topology.inputs.first().map(|i| i.source_name()))
         .unwrap_or_default();
-    if !topology.inputs.iter().any(|i| i.source_name() == topic) {
+    let Some(source) = topology.inputs.iter().find(|i| i.source_name() == topic) else {
         return Err(format!(
             "input[{n}]: `{topic}` is not an input topic of the topology"
         ));
-    }
+    };
     let value = match (&input.raw, &input.value) {
         (Some(raw), _) => Some(raw.as_bytes().to_vec()),
+        (None, Some(v)) if source.codec == Codec::Avro => Some(
+            avro_value(topology, pipeline, dir, source, input, v)
+                .map_err(|e| format!("input[{n}]: {e}"))?,
+        ),
         (None, Some(Json::String(s))) => Some(s.as_bytes().to_vec()),
         (None, Some(v)) => Some(v.to_string().into_bytes()),
         (None, None) => None,
@@ -277,6 +331,43 @@ fn input_record(topology: &Topology, n: usize, input: &InputRecord) -> Result<Re
             offset: n as i64,
         },
     })
+}
+
+/// `value` written in the Confluent wire format with the schema the case names (or the
+/// input's reader schema), registered in the pipeline's offline registry.
+fn avro_value(
+    topology: &Topology,
+    pipeline: &Pipeline,
+    dir: Option<&Path>,
+    source: &crate::topology::Input,
+    input: &InputRecord,
+    value: &Json,
+) -> Result<Vec<u8>, String> {
+    let given = crate::topology::SchemaSource {
+        schema: input.schema.clone(),
+        schema_file: input.schema_file.clone(),
+    }
+    .json(dir)?;
+    let json = match given {
+        Some(j) => j,
+        None => source
+            .avro
+            .clone()
+            .unwrap_or_default()
+            .source()
+            .json(topology.dir.as_deref())?
+            .ok_or("an Avro input record needs the schema it is written with: `schema_file` or `schema` (the input has no reader schema)")?,
+    };
+    let writer = Given::parse(&json)?;
+    let id = pipeline
+        .registry()
+        .register("cases", &writer.schema, true)?;
+    let text = value.to_string();
+    let doc = crate::codec::json::Doc::parse(text.as_bytes())?;
+    let mut datum = Vec::new();
+    crate::codec::avro::write::encode(&writer.compiled, &doc, &mut datum)
+        .map_err(|e| format!("the value does not fit its schema: {e}"))?;
+    Ok(crate::codec::avro::frame(id, &datum))
 }
 
 /// What `output` received against what it should have, record by record.

@@ -116,7 +116,10 @@ impl Codecs {
                 Codec::Avro => {
                     let source = input.avro.clone().unwrap_or_default().source();
                     let at = format!("inputs[{i}].avro");
-                    let reader = match source.json(dir).and_then(|j| j.map(|j| Given::parse(&j)).transpose()) {
+                    let reader = match source
+                        .json(dir)
+                        .and_then(|j| j.map(|j| Given::parse(&j)).transpose())
+                    {
                         Ok(r) => r.map(Arc::new),
                         Err(message) => {
                             issues.push(ConfigIssue { path: at, message });

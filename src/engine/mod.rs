@@ -284,7 +284,9 @@ impl<'t> Job<'t> {
     ) -> Result<Job<'t>, EngineError> {
         let codecs = match crate::codec::Codecs::connect(topology) {
             Ok(c) => c,
-            Err(crate::codec::SetupError::Config(issues)) => return Err(EngineError::Config(issues)),
+            Err(crate::codec::SetupError::Config(issues)) => {
+                return Err(EngineError::Config(issues));
+            }
             Err(crate::codec::SetupError::Registry(message)) => {
                 return Err(EngineError::Registry(message));
             }

@@ -108,8 +108,36 @@ impl Given {
 enum Plan {
     /// With the writer's own schema (no reader schema, or the reader schema is the writer's).
     Direct(Arc<Writer>),
-    /// Resolved from the writer's schema to the reader's.
-    Resolve(Arc<Writer>),
+    /// Resolved from the writer's schema to the reader's, on their physical types.
+    Resolve {
+        writer: Arc<Writer>,
+        physical_writer: Schema,
+        physical_reader: Schema,
+    },
+}
+
+/// `schema` without its logical types: what apache-avro resolves. Resolution is on the
+/// physical types, as in Avro's Java implementation (a logical type changes how a value is
+/// seen, not how it is written); the reader's logical types are applied when the resolved
+/// datum is read. (It also keeps clear of apache-avro 0.22 refusing to resolve a `bytes`
+/// decimal shorter than its precision could need.)
+fn physical(schema: &Schema) -> Result<Schema, String> {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if map.remove("logicalType").is_some() {
+                    map.remove("precision");
+                    map.remove("scale");
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut json = serde_json::to_value(schema).map_err(|e| e.to_string())?;
+    strip(&mut json);
+    Schema::parse(&json).map_err(|e| e.to_string())
 }
 
 /// The Avro decoder of an input.
@@ -148,7 +176,22 @@ impl AvroDecoder {
             },
         })?;
         let plan = Arc::new(match &self.reader {
-            Some(r) if r.canonical != writer.canonical => Plan::Resolve(writer),
+            Some(r) if r.canonical != writer.canonical => {
+                let twins = physical(&writer.schema).and_then(|w| Ok((w, physical(&r.schema)?)));
+                match twins {
+                    Ok((physical_writer, physical_reader)) => Plan::Resolve {
+                        writer,
+                        physical_writer,
+                        physical_reader,
+                    },
+                    Err(e) => {
+                        return Err(CodecError {
+                            kind: ErrorKind::SchemaMismatch,
+                            message: format!("schema id {id} cannot be resolved: {e}"),
+                        });
+                    }
+                }
+            }
             _ => Plan::Direct(writer),
         });
         self.plans
@@ -167,11 +210,24 @@ impl Decoder for AvroDecoder {
         let (id, datum) = split_header(bytes)?;
         let plan = self.plan(id)?;
         let doc = match (&*plan, &self.reader) {
-            (Plan::Direct(writer), _) | (Plan::Resolve(writer), None) => {
+            (Plan::Direct(writer), _) | (Plan::Resolve { writer, .. }, None) => {
                 read::decode(&writer.compiled, datum)
                     .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?
             }
-            (Plan::Resolve(writer), Some(reader)) => resolve(id, writer, reader, datum)?,
+            (
+                Plan::Resolve {
+                    writer,
+                    physical_writer,
+                    physical_reader,
+                },
+                Some(reader),
+            ) => resolve(
+                id,
+                writer,
+                (physical_writer, physical_reader),
+                reader,
+                datum,
+            )?,
         };
         Ok(Value::Json(Some(doc)))
     }
@@ -183,23 +239,22 @@ impl Decoder for AvroDecoder {
 fn resolve<'a>(
     id: u32,
     writer: &Writer,
+    (physical_writer, physical_reader): (&Schema, &Schema),
     reader: &Given,
     datum: &[u8],
 ) -> Result<Doc<'a>, CodecError> {
     read::decode(&writer.compiled, datum).map_err(|e| bad_avro(format!("schema id {id}: {e}")))?;
     let mismatch = |e: String| CodecError {
         kind: ErrorKind::SchemaMismatch,
-        message: format!(
-            "schema id {id} cannot be read with the input's reader schema: {e}"
-        ),
+        message: format!("schema id {id} cannot be read with the input's reader schema: {e}"),
     };
-    let value = GenericDatumReader::builder(&writer.schema)
-        .reader_schema(&reader.schema)
+    let value = GenericDatumReader::builder(physical_writer)
+        .reader_schema(physical_reader)
         .build()
         .and_then(|r| r.read_value(&mut Cursor::new(datum)))
         .map_err(|e| mismatch(e.to_string()))?;
     // Written again with the reader's schema and read with it: one mapping to documents.
-    let resolved = GenericDatumWriter::builder(&reader.schema)
+    let resolved = GenericDatumWriter::builder(physical_reader)
         .build()
         .and_then(|w| w.write_value_to_vec(value))
         .map_err(|e| mismatch(e.to_string()))?;

@@ -224,10 +224,9 @@ impl Reader<'_, '_> {
                 match usize::try_from(i).ok().and_then(|i| symbols.get(i)) {
                     Some(s) => Json::String(s.clone()),
                     None => {
-                        return Err(self.fail(format!(
-                            "enum index {i} of {} symbols",
-                            symbols.len()
-                        )));
+                        return Err(
+                            self.fail(format!("enum index {i} of {} symbols", symbols.len()))
+                        );
                     }
                 }
             }
@@ -274,10 +273,7 @@ impl Reader<'_, '_> {
                 match usize::try_from(i).ok().and_then(|i| branches.get(i)) {
                     Some(b) => self.value(*b, depth + 1)?,
                     None => {
-                        return Err(self.fail(format!(
-                            "union branch {i} of {}",
-                            branches.len()
-                        )));
+                        return Err(self.fail(format!("union branch {i} of {}", branches.len())));
                     }
                 }
             }
@@ -321,9 +317,10 @@ impl Reader<'_, '_> {
             }
             Node::TimeMillis => {
                 let ms = self.int()?;
-                Json::String(time_text(i64::from(ms) * 1_000_000).ok_or_else(|| {
-                    self.fail(format!("a time of {ms} ms after midnight"))
-                })?)
+                Json::String(
+                    time_text(i64::from(ms) * 1_000_000)
+                        .ok_or_else(|| self.fail(format!("a time of {ms} ms after midnight")))?,
+                )
             }
             Node::TimeMicros => {
                 let us = self.long()?;
@@ -358,7 +355,10 @@ fn zero_size(schema: &Compiled, node: usize) -> bool {
     match schema.node(node) {
         Node::Null => true,
         Node::Fixed { size, .. } => *size == 0,
-        Node::Record(r) => r.fields.iter().all(|f| f.node != node && zero_size(schema, f.node)),
+        Node::Record(r) => r
+            .fields
+            .iter()
+            .all(|f| f.node != node && zero_size(schema, f.node)),
         _ => false,
     }
 }

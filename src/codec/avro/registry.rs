@@ -243,7 +243,13 @@ impl Registry {
         };
         schema_registry_converter::blocking::schema_registry::get_all_subjects(settings)
             .map(|_| ())
-            .map_err(|e| format!("the registry at {} does not answer: {}", self.url, message(&e)))
+            .map_err(|e| {
+                format!(
+                    "the registry at {} does not answer: {}",
+                    self.url,
+                    message(&e)
+                )
+            })
     }
 }
 

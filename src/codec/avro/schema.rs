@@ -290,11 +290,9 @@ impl Compiler {
                 // The reference itself is not a node: drop the placeholder.
                 self.nodes.pop();
                 let full = full_name(name, namespace);
-                return self
-                    .names
-                    .get(&full)
-                    .copied()
-                    .ok_or_else(|| format!("the schema refers to `{full}`, which it does not define"));
+                return self.names.get(&full).copied().ok_or_else(|| {
+                    format!("the schema refers to `{full}`, which it does not define")
+                });
             }
         };
         self.nodes[index] = node;
@@ -353,6 +351,9 @@ mod tests {
         assert_eq!(*null, Some(0));
         assert_eq!(branches[1], ROOT);
         assert_eq!(root.fields[1].default, Some(Json::Null));
-        assert_eq!(c.describe(root.fields[1].node), "union [null, record n.List]");
+        assert_eq!(
+            c.describe(root.fields[1].node),
+            "union [null, record n.List]"
+        );
     }
 }

@@ -108,7 +108,10 @@ fn a_record_decodes_to_the_document_expressions_see_and_encodes_back_to_the_same
     // The same document from JSON text encodes to the same bytes.
     let text = doc.to_string();
     let from_json = JsonCodec.decode(Some(text.as_bytes())).unwrap();
-    assert_eq!(encoder.encode(&from_json, 0).unwrap(), Some(frame(9, &datum)));
+    assert_eq!(
+        encoder.encode(&from_json, 0).unwrap(),
+        Some(frame(9, &datum))
+    );
     // And Avro in, JSON out.
     let out = JsonCodec.encode(&value, 0).unwrap().unwrap();
     assert_eq!(serde_json::from_slice::<Json>(&out).unwrap(), doc);
@@ -174,7 +177,10 @@ fn logical_types_map_to_their_text_and_back() {
     })
     .to_string();
     let from_json = JsonCodec.decode(Some(plain.as_bytes())).unwrap();
-    assert_eq!(encoder.encode(&from_json, 0).unwrap(), Some(frame(1, &datum)));
+    assert_eq!(
+        encoder.encode(&from_json, 0).unwrap(),
+        Some(frame(1, &datum))
+    );
 }
 
 fn reader_schema_case(reader: &str) -> Result<Json, CodecError> {
@@ -218,8 +224,16 @@ fn bad_values_are_bad_avro_or_unknown_schema_with_a_precise_reason() {
     let decoder = AvroDecoder::new(registry_with(7, ORDER), None);
     let datum = reference_encode(&schema(ORDER), order_value(1));
     let cases: Vec<(Vec<u8>, ErrorKind, &str)> = vec![
-        (b"{\"id\":1}".to_vec(), ErrorKind::BadAvro, "not the magic byte 0"),
-        (vec![0, 0, 0], ErrorKind::BadAvro, "shorter than the 5-byte header"),
+        (
+            b"{\"id\":1}".to_vec(),
+            ErrorKind::BadAvro,
+            "not the magic byte 0",
+        ),
+        (
+            vec![0, 0, 0],
+            ErrorKind::BadAvro,
+            "shorter than the 5-byte header",
+        ),
         (frame(8, &datum), ErrorKind::UnknownSchema, "schema id 8"),
         (
             frame(7, &datum[..datum.len() - 3]),
@@ -336,7 +350,11 @@ fn random_order(rng: &mut impl Rng) -> Avro {
         ),
         (
             "tags".into(),
-            Avro::Array((0..rng.random_range(0..4)).map(|_| Avro::String(word(rng))).collect()),
+            Avro::Array(
+                (0..rng.random_range(0..4))
+                    .map(|_| Avro::String(word(rng)))
+                    .collect(),
+            ),
         ),
         (
             "attributes".into(),
@@ -427,5 +445,8 @@ fn random_and_mutated_bytes_never_panic_and_agree_with_apache_avro() {
     eprintln!("seed {seed} (ONCEFLOW_AVRO_PROPERTY_SEED to run it again)");
     let (accepted, refused) = property_run(cases, seed);
     // Both kinds of input are met, so the test can fail either way.
-    assert!(accepted > cases / 10 && refused > cases / 10, "{accepted} / {refused}");
+    assert!(
+        accepted > cases / 10 && refused > cases / 10,
+        "{accepted} / {refused}"
+    );
 }

@@ -181,7 +181,9 @@ impl Writer<'_> {
                 long(out, i64::from(i));
             }
             Node::Long => long(out, integer(v).ok_or_else(bad)?),
-            Node::Float => out.extend_from_slice(&(number(v).ok_or_else(bad)? as f32).to_le_bytes()),
+            Node::Float => {
+                out.extend_from_slice(&(number(v).ok_or_else(bad)? as f32).to_le_bytes())
+            }
             Node::Double => out.extend_from_slice(&number(v).ok_or_else(bad)?.to_le_bytes()),
             Node::Bytes => bytes(out, &base64_value(v).ok_or_else(bad)?),
             Node::String => match v {
@@ -333,12 +335,12 @@ impl Writer<'_> {
             }
             Node::Date => {
                 let days = match v {
-                    Json::String(s) => NaiveDate::parse_from_str(s, "%Y-%m-%d")
-                        .ok()
-                        .and_then(|d| {
+                    Json::String(s) => {
+                        NaiveDate::parse_from_str(s, "%Y-%m-%d").ok().and_then(|d| {
                             let epoch = NaiveDate::from_ymd_opt(1970, 1, 1)?;
                             i32::try_from((d - epoch).num_days()).ok()
-                        }),
+                        })
+                    }
                     other => integer(other).and_then(|d| i32::try_from(d).ok()),
                 }
                 .ok_or_else(bad)?;
@@ -463,7 +465,10 @@ fn time_nanos(v: &Json) -> Option<i64> {
     match v {
         Json::String(s) => {
             let t = NaiveTime::parse_from_str(s, "%H:%M:%S%.f").ok()?;
-            Some(i64::from(t.num_seconds_from_midnight()) * 1_000_000_000 + i64::from(t.nanosecond()))
+            Some(
+                i64::from(t.num_seconds_from_midnight()) * 1_000_000_000
+                    + i64::from(t.nanosecond()),
+            )
         }
         _ => None,
     }
