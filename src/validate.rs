@@ -354,6 +354,54 @@ pub fn check_broker(
         timeout,
         &at,
     ));
+    out.extend(check_registry(topology, &at));
+    out
+}
+
+/// The schema registry of a topology with Avro: it answers, and each Avro output's schema
+/// is compatible with its subject (or, with `auto_register: false`, registered there).
+/// Asks only: nothing is registered.
+fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
+    let Some(config) = &topology.schema_registry else {
+        return Vec::new();
+    };
+    let registry = match crate::codec::avro::Registry::connect(config) {
+        Ok(r) => r,
+        Err(e) => return vec![at.diag("schema_registry.url", e)],
+    };
+    if let Err(e) = registry.ping() {
+        return vec![at.diag("schema_registry.url", e)];
+    }
+    let mut out = Vec::new();
+    for (o, output) in topology.outputs.iter().enumerate() {
+        if topology.output_codec(o) != crate::topology::Codec::Avro {
+            continue;
+        }
+        let here = format!("outputs[{o}].avro");
+        // A schema that does not parse is reported by the checks of the file already.
+        let Ok((subject, given)) = crate::codec::avro_subject(topology, o) else {
+            continue;
+        };
+        let auto_register = output.avro.as_ref().is_none_or(|a| a.auto_register);
+        let verdict = if auto_register {
+            registry.is_compatible(&subject, &given.schema).map(|ok| {
+                (!ok).then(|| {
+                    format!(
+                        "the schema is not compatible with subject `{subject}` of {} (the registry would refuse it)",
+                        registry.url()
+                    )
+                })
+            })
+        } else {
+            registry
+                .lookup(&subject, &given.schema)
+                .map(|found| found.err())
+        };
+        match verdict {
+            Ok(None) => {}
+            Ok(Some(problem)) | Err(problem) => out.push(at.diag(&here, problem)),
+        }
+    }
     out
 }
 

@@ -167,6 +167,8 @@ pub struct ReadRecord {
     pub partition: i32,
     pub key: Option<String>,
     pub value: Option<String>,
+    /// The value's bytes as read (`value` is their lossy UTF-8 text).
+    pub raw: Option<Vec<u8>>,
     pub headers: BTreeMap<String, String>,
 }
 
@@ -295,6 +297,7 @@ pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRe
                         partition: msg.partition(),
                         key: text(msg.key()),
                         value: text(msg.payload()),
+                        raw: msg.payload().map(<[u8]>::to_vec),
                         headers,
                     });
                 }

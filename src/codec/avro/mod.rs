@@ -92,7 +92,7 @@ impl Given {
         let schema = Schema::parse(json).map_err(|e| format!("not a valid Avro schema: {e}"))?;
         let compiled = Compiled::new(&schema)?;
         Ok(Given {
-            canonical: schema.canonical_form(),
+            canonical: registry::schema_text(&schema),
             schema,
             compiled,
         })

@@ -30,8 +30,8 @@ use crate::topology::SchemaRegistry;
 /// How long an id the registry did not know is taken as unknown before it is asked again.
 pub const UNKNOWN_FOR: Duration = Duration::from_secs(60);
 
-/// A writer schema as fetched: parsed, compiled, and its canonical form (to tell whether it
-/// is the reader schema itself).
+/// A writer schema as fetched: parsed, compiled, and its text ([`schema_text`], to tell
+/// whether it is the reader schema itself).
 #[derive(Debug)]
 pub struct Writer {
     pub schema: Schema,
@@ -42,7 +42,7 @@ pub struct Writer {
 impl Writer {
     pub fn new(schema: Schema) -> Result<Writer, String> {
         let compiled = Compiled::new(&schema)?;
-        let canonical = schema.canonical_form();
+        let canonical = schema_text(&schema);
         Ok(Writer {
             schema,
             compiled,
@@ -175,7 +175,7 @@ impl Registry {
         schema: &Schema,
         auto_register: bool,
     ) -> Result<u32, String> {
-        let text = schema.canonical_form();
+        let text = schema_text(schema);
         let Some(settings) = &self.settings else {
             let id = self
                 .next_local_id
@@ -184,35 +184,59 @@ impl Registry {
             return Ok(id);
         };
         let id = if auto_register {
-            post_schema(
-                settings,
-                subject.to_string(),
-                SuppliedSchema::new(None, SchemaType::Avro, text.clone()),
-            )
-            .map(|r| r.id)
-            .map_err(|e| {
-                format!(
-                    "the registry at {} refused the schema of subject `{subject}`: {}",
-                    self.url,
-                    message(&e)
-                )
-            })?
+            self.post(settings, subject, &text)?
         } else {
-            let body = serde_json::json!({ "schema": text, "schemaType": "AVRO" }).to_string();
-            perform_sr_call(settings, SrCall::PostForVersion(subject, &body))
-                .map_err(|e| {
-                    format!(
-                        "subject `{subject}` of the registry at {} has no version with the \
-                         output's schema (auto_register is false): {}",
-                        self.url,
-                        message(&e)
-                    )
-                })?
-                .id
-                .ok_or_else(|| format!("the registry gave no id for subject `{subject}`"))?
+            match self.lookup(subject, schema)? {
+                Ok(id) => id,
+                Err(problem) => return Err(problem),
+            }
         };
         self.add(id, schema.clone())?;
         Ok(id)
+    }
+
+    /// Registers `text` under `subject` (the registry returns the existing id of a schema it
+    /// has already).
+    fn post(&self, settings: &SrSettings, subject: &str, text: &str) -> Result<u32, String> {
+        post_schema(
+            settings,
+            subject.to_string(),
+            SuppliedSchema::new(None, SchemaType::Avro, text.to_string()),
+        )
+        .map(|r| r.id)
+        .map_err(|e| {
+            format!(
+                "the registry at {} refused the schema of subject `{subject}`: {}",
+                self.url,
+                message(&e)
+            )
+        })
+    }
+
+    /// The id of `schema` among the versions of `subject`: `Ok(Err(problem))` when the
+    /// subject does not have it, `Err` when the registry cannot be asked.
+    pub fn lookup(&self, subject: &str, schema: &Schema) -> Result<Result<u32, String>, String> {
+        let Some(settings) = &self.settings else {
+            return Ok(Err("offline".into()));
+        };
+        let text = schema_text(schema);
+        let body = serde_json::json!({ "schema": text, "schemaType": "AVRO" }).to_string();
+        match perform_sr_call(settings, SrCall::PostForVersion(subject, &body)) {
+            Ok(found) => Ok(found
+                .id
+                .ok_or_else(|| format!("the registry gave no id for subject `{subject}`"))),
+            Err(e) if not_found(&e) => Ok(Err(format!(
+                "subject `{subject}` of the registry at {} has no version with the output's \
+                 schema (auto_register is false): {}",
+                self.url,
+                message(&e)
+            ))),
+            Err(e) => Err(format!(
+                "the registry at {} cannot look up subject `{subject}`: {}",
+                self.url,
+                message(&e)
+            )),
+        }
     }
 
     /// Whether `schema` may be registered under `subject` (a subject without versions takes
@@ -224,7 +248,7 @@ impl Registry {
         match is_compatible_schema(
             settings,
             subject.to_string(),
-            SuppliedSchema::new(None, SchemaType::Avro, schema.canonical_form()),
+            SuppliedSchema::new(None, SchemaType::Avro, schema_text(schema)),
         ) {
             Ok(ok) => Ok(ok),
             Err(e) if not_found(&e) => Ok(true),
@@ -251,6 +275,13 @@ impl Registry {
                 )
             })
     }
+}
+
+/// The schema as JSON text, logical types, defaults and aliases included (Avro's Parsing
+/// Canonical Form leaves them out: registered so, a schema would lose them). Also what tells
+/// a writer schema from a reader schema.
+pub fn schema_text(schema: &Schema) -> String {
+    serde_json::to_string(schema).unwrap_or_else(|_| schema.canonical_form())
 }
 
 /// Whether the registry answered 404 (Confluent's error codes 404xx: subject, version or

@@ -1,0 +1,540 @@
+//! Avro with a real schema registry (Apicurio, started by `scripts/test`) and the real broker.
+//!
+//! * The example `topologies/orders-avro.yaml` end to end: orders written with two versions
+//!   of their schema (by apache-avro's writer, not onceflow's) and poison records, the job
+//!   SIGKILLed and restarted on the way; every order id checked as a set in each output
+//!   (read_committed, up to a marker per partition), every poison record dead-lettered once.
+//! * The registry going away while records need a schema the job has not seen: the partition
+//!   is held, nothing is dead-lettered, and everything flows once it is back.
+//! * An output schema the registry refuses: the job stops at start with the registry's
+//!   words, and `onceflow validate --broker` says so first.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use apache_avro::Schema;
+use apache_avro::types::Value as Avro;
+use apache_avro::writer::datum::GenericDatumWriter;
+use common::*;
+use onceflow::codec::avro::{AvroDecoder, Registry, frame};
+use onceflow::codec::{Decoder, Value};
+use onceflow::topology::SchemaRegistry;
+use rdkafka::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::Value as Json;
+
+fn registry_url() -> String {
+    std::env::var("ONCEFLOW_TEST_REGISTRY_URL").expect(
+        "ONCEFLOW_TEST_REGISTRY_URL is not set: these tests need the real schema registry; run them with scripts/test",
+    )
+}
+
+fn registry(url: &str) -> Registry {
+    Registry::connect(&SchemaRegistry {
+        url: url.to_string(),
+        username: None,
+        password: None,
+        timeout_ms: 5_000,
+    })
+    .expect("registry client")
+}
+
+fn example(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("topologies")
+        .join(name)
+}
+
+fn schema_file(name: &str) -> Schema {
+    let text = std::fs::read_to_string(example("schemas").join(name)).expect("schema file");
+    Schema::parse_str(&text).expect("schema")
+}
+
+fn datum(schema: &Schema, value: Avro) -> Vec<u8> {
+    GenericDatumWriter::builder(schema)
+        .build()
+        .expect("writer")
+        .write_value_to_vec(value)
+        .expect("datum")
+}
+
+const STATUSES: [&str; 4] = ["NEW", "PAID", "SHIPPED", "CANCELLED"];
+
+/// Order `id` as the shop writes it: v1 for odd ids, v2 for even ones. Every 25th is
+/// cancelled, every 10th large (quantity 100 x 20.00).
+fn order(id: u64, v1: &Schema, v2: &Schema) -> (bool, Vec<u8>) {
+    let status = if id % 25 == 0 { 3 } else { (id % 3) as u32 };
+    let quantity = if id % 10 == 0 { 100 } else { 1 + id % 5 };
+    let common = |fields: &mut Vec<(String, Avro)>| {
+        fields.push(("order_id".into(), Avro::Long(id as i64)));
+        fields.push(("customer".into(), Avro::String(format!("c-{}", id % 97))));
+        fields.push((
+            "status".into(),
+            Avro::Enum(status, STATUSES[status as usize].into()),
+        ));
+    };
+    let price = Avro::Decimal(apache_avro::Decimal::from(2000i32.to_be_bytes().to_vec()));
+    let placed_at = Avro::TimestampMillis(1_772_359_200_000 + id as i64);
+    let mut fields = Vec::new();
+    common(&mut fields);
+    if id % 2 == 1 {
+        fields.push(("quantity".into(), Avro::Int(quantity as i32)));
+        fields.push(("unit_price".into(), price));
+        fields.push(("coupon".into(), Avro::Union(0, Box::new(Avro::Null))));
+        fields.push(("placed_at".into(), placed_at));
+        (true, datum(v1, Avro::Record(fields)))
+    } else {
+        fields.push(("quantity".into(), Avro::Long(quantity as i64)));
+        fields.push(("unit_price".into(), price));
+        fields.push(("placed_at".into(), placed_at));
+        fields.push(("channel".into(), Avro::String("app".into())));
+        (false, datum(v2, Avro::Record(fields)))
+    }
+}
+
+fn produce(topic: &str, values: impl IntoIterator<Item = (String, Vec<u8>)>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for (key, value) in values {
+        loop {
+            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
+                Ok(()) => break,
+                Err((e, _)) if e.to_string().contains("Queue full") => {
+                    producer.poll(Duration::from_millis(50));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// The order ids of an output, decoded with `decode`, and how often each appears.
+fn ids_of(records: &[ReadRecord], decode: &dyn Fn(&[u8]) -> Json) -> BTreeMap<u64, usize> {
+    let mut ids = BTreeMap::new();
+    for r in records {
+        let value = decode(r.raw.as_deref().expect("a value"));
+        let id = value["order_id"].as_u64().expect("an order_id");
+        *ids.entry(id).or_default() += 1;
+    }
+    ids
+}
+
+fn assert_once(what: &str, expected: &BTreeSet<u64>, got: &BTreeMap<u64, usize>) {
+    let duplicated: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    let seen: BTreeSet<u64> = got.keys().copied().collect();
+    let missing: Vec<_> = expected.difference(&seen).take(10).collect();
+    let unexpected: Vec<_> = seen.difference(expected).take(10).collect();
+    assert!(
+        duplicated.is_empty() && missing.is_empty() && unexpected.is_empty(),
+        "{what}: {} expected, {} seen; duplicated {duplicated:?}; missing {missing:?}; unexpected {unexpected:?}",
+        expected.len(),
+        seen.len()
+    );
+}
+
+/// Committed records (markers left out) of `topic` once at least `expected`, or the timeout.
+fn wait_for_records(topic: &str, partitions: i32, expected: usize, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut seen = 0;
+    while Instant::now() < deadline {
+        seen = distinct_records(topic, partitions);
+        if seen >= expected {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    seen
+}
+
+fn distinct_records(topic: &str, partitions: i32) -> usize {
+    read_records(topic, partitions, "read_committed").len()
+}
+
+#[test]
+fn the_avro_example_runs_exactly_once_across_a_sigkill_with_poison_dead_lettered_once() {
+    let url = registry_url();
+    let name = unique("orders-avro");
+    let (orders, summary, large, dlq) = (
+        format!("{name}.orders"),
+        format!("{name}.summary"),
+        format!("{name}.large"),
+        format!("{name}.dlq"),
+    );
+    create_topics(&[&orders, &summary, &large, &dlq], 3);
+    let (v1, v2) = (schema_file("order-v1.avsc"), schema_file("order-v2.avsc"));
+    let reg = registry(&url);
+    let subject = format!("{orders}-value");
+    let id1 = reg.register(&subject, &v1, true).expect("register v1");
+    let id2 = reg.register(&subject, &v2, true).expect("register v2");
+    assert_ne!(id1, id2);
+
+    const N: u64 = 20_000;
+    let mut values = Vec::new();
+    let (mut expected_summary, mut expected_large) = (BTreeSet::new(), BTreeSet::new());
+    for id in 1..=N {
+        let (is_v1, d) = order(id, &v1, &v2);
+        values.push((id.to_string(), frame(if is_v1 { id1 } else { id2 }, &d)));
+        if id % 25 != 0 {
+            expected_summary.insert(id);
+            if id % 10 == 0 {
+                expected_large.insert(id);
+            }
+        }
+    }
+    // Poison, each kind a few times, spread among the orders: not Avro, an id the registry
+    // does not know, a truncated datum, bytes after the record.
+    let good = order(2, &v1, &v2).1;
+    let poison: Vec<(&str, Vec<u8>)> = vec![
+        ("bad_avro", br#"{"order_id": 1}"#.to_vec()),
+        ("unknown_schema", frame(987_654_321, &good)),
+        ("bad_avro", frame(id2, &good[..good.len() - 4])),
+        ("bad_avro", frame(id2, &[good.as_slice(), &[0, 0]].concat())),
+    ];
+    let mut expected_poison = BTreeMap::new();
+    for round in 0..5 {
+        for (i, (kind, bytes)) in poison.iter().enumerate() {
+            let key = format!("poison-{round}-{i}");
+            expected_poison.insert(key.clone(), *kind);
+            let at = (round * 4000 + i * 900 + 17) as usize;
+            values.insert(at.min(values.len()), (key, bytes.clone()));
+        }
+    }
+    produce(&orders, values);
+
+    let env = [
+        ("JOB_NAME", name.as_str()),
+        ("SCHEMA_REGISTRY_URL", url.as_str()),
+        ("ORDERS_TOPIC", orders.as_str()),
+        ("SUMMARY_TOPIC", summary.as_str()),
+        ("LARGE_TOPIC", large.as_str()),
+        ("DLQ_TOPIC", dlq.as_str()),
+    ];
+    let topology = example("orders-avro.yaml");
+    let mut job = spawn_job(&topology, "i0", &env);
+    // SIGKILL once part of it is through, then start it again.
+    let partway = wait_for_records(&summary, 3, 3_000, Duration::from_secs(120));
+    assert!(partway >= 3_000, "only {partway} records before the kill");
+    signal(&job, "-KILL");
+    wait_exit(&mut job, Duration::from_secs(10)).expect("killed");
+    let job = spawn_job(&topology, "i0", &env);
+    let done = wait_for_records(
+        &summary,
+        3,
+        expected_summary.len(),
+        Duration::from_secs(240),
+    );
+    assert!(
+        done >= expected_summary.len(),
+        "{done} of {}",
+        expected_summary.len()
+    );
+    terminate(job);
+
+    // The summary: Avro, with the registered output schema, fetched by the id it carries.
+    let decoder = AvroDecoder::new(Arc::new(registry(&url)), None);
+    let decode_avro = |bytes: &[u8]| match decoder.decode(Some(bytes)) {
+        Ok(Value::Json(Some(doc))) => doc.to_json(),
+        other => panic!("an output record that does not decode: {other:?}"),
+    };
+    let summary_records = read_records(&summary, 3, "read_committed");
+    assert_once(
+        "summary",
+        &expected_summary,
+        &ids_of(&summary_records, &decode_avro),
+    );
+    let one = decode_avro(summary_records[0].raw.as_deref().expect("value"));
+    let id = one["order_id"].as_u64().expect("id");
+    let quantity = if id % 10 == 0 {
+        100.0
+    } else {
+        (1 + id % 5) as f64
+    };
+    assert_eq!(one["total"].as_f64(), Some(quantity * 20.0), "{one}");
+    assert_eq!(
+        one["channel"],
+        if id % 2 == 1 { "web" } else { "app" },
+        "v1 orders read with v2's default: {one}"
+    );
+    assert_eq!(summary_records[0].key.as_deref(), one["customer"].as_str());
+    // The large ones: JSON.
+    let decode_json = |bytes: &[u8]| serde_json::from_slice::<Json>(bytes).expect("JSON output");
+    let large_records = read_records(&large, 3, "read_committed");
+    assert_once(
+        "large",
+        &expected_large,
+        &ids_of(&large_records, &decode_json),
+    );
+
+    // Every poison record once in the dead-letter topic, its bytes verbatim, with its kind.
+    let dead = read_records(&dlq, 3, "read_committed");
+    let mut kinds = BTreeMap::new();
+    for d in &dead {
+        let key = d.key.clone().expect("key");
+        assert!(
+            kinds
+                .insert(key.clone(), d.headers["onceflow.error.kind"].clone())
+                .is_none(),
+            "{key} dead-lettered twice"
+        );
+    }
+    let expected_kinds: BTreeMap<String, String> = expected_poison
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string()))
+        .collect();
+    assert_eq!(kinds, expected_kinds);
+    let unknown = dead
+        .iter()
+        .find(|d| d.headers["onceflow.error.kind"] == "unknown_schema")
+        .expect("an unknown_schema record");
+    assert_eq!(unknown.raw.as_deref(), Some(poison[1].1.as_slice()));
+    assert!(
+        unknown.headers["onceflow.error.message"].contains("987654321"),
+        "{:?}",
+        unknown.headers
+    );
+}
+
+/// A TCP proxy to `upstream` that can be switched off (connections refused: closed as soon
+/// as they are accepted) and on again.
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let up = Arc::new(AtomicBool::new(true));
+        let flag = Arc::clone(&up);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(client) = conn else { continue };
+                if !flag.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let flag = Arc::clone(&flag);
+                pipe(client, server, flag);
+            }
+        });
+        Proxy { port, up }
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::SeqCst);
+    }
+}
+
+/// Copies both ways until either side closes, or the proxy is switched off.
+fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
+    for (mut from, mut to) in [
+        (a.try_clone().expect("clone"), b.try_clone().expect("clone")),
+        (b, a),
+    ] {
+        let up = Arc::clone(&up);
+        std::thread::spawn(move || {
+            let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                if !up.load(Ordering::SeqCst) {
+                    break;
+                }
+                match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = to.shutdown(std::net::Shutdown::Both);
+            let _ = from.shutdown(std::net::Shutdown::Both);
+        });
+    }
+}
+
+fn avro_topology(name: &str, registry: &str, input: &str, output: &str, dlq: &str) -> String {
+    format!(
+        r#"name: {name}
+schema_registry: {{url: "{registry}", timeout_ms: 2000}}
+inputs:
+  - topic: {input}
+    codec: avro
+pipeline:
+  - set_key: 'string(value.order_id)'
+outputs:
+  - topic: {output}
+    codec: json
+dead_letter: {{topic: {dlq}}}
+runtime:
+  max_attempts: 3
+  retry_backoff_ms: 200
+  retry_backoff_max_ms: 1000
+  session_timeout_ms: 10000
+"#
+    )
+}
+
+#[test]
+fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() {
+    let url = registry_url();
+    let upstream = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    let path = url
+        .trim_start_matches("http://")
+        .trim_start_matches(&upstream);
+    let proxy = Proxy::start(upstream);
+    let proxied = format!("http://127.0.0.1:{}{path}", proxy.port);
+
+    let name = unique("avro-registry-down");
+    let (input, output, dlq) = (
+        format!("{name}.in"),
+        format!("{name}.out"),
+        format!("{name}.dlq"),
+    );
+    create_topics(&[&input, &output, &dlq], 1);
+    let (v1, v2) = (schema_file("order-v1.avsc"), schema_file("order-v2.avsc"));
+    let reg = registry(&url);
+    let id1 = reg
+        .register(&format!("{input}-value"), &v1, true)
+        .expect("v1");
+    // Odd order ids are written with v1, even ones with v2 (see `order`).
+    let batch = |ids: std::ops::RangeInclusive<u64>, v1_ids: bool, id: u32| {
+        ids.map(|n| {
+            let (_, d) = order(n * 2 + u64::from(v1_ids), &v1, &v2);
+            (n.to_string(), frame(id, &d))
+        })
+        .collect::<Vec<_>>()
+    };
+    // Written with v1: the job fetches v1 while the registry is there.
+    produce(&input, batch(1..=100, true, id1));
+    let (_dir, file) = topology_file(&avro_topology(&name, &proxied, &input, &output, &dlq));
+    let job = spawn_job(&file, "i0", &[]);
+    assert_eq!(
+        wait_for_records(&output, 1, 100, Duration::from_secs(60)),
+        100
+    );
+
+    // The registry goes away; records written with v2, an id the job has not met, arrive.
+    proxy.set_up(false);
+    let id2 = reg
+        .register(&format!("{input}-value"), &v2, true)
+        .expect("v2");
+    produce(&input, batch(101..=300, false, id2));
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(
+        distinct_records(&output, 1),
+        100,
+        "records flowed without their schema"
+    );
+    assert_eq!(
+        distinct_records(&dlq, 1),
+        0,
+        "a record was dead-lettered for the registry's absence"
+    );
+
+    // Back: everything flows, once.
+    proxy.set_up(true);
+    assert_eq!(
+        wait_for_records(&output, 1, 300, Duration::from_secs(60)),
+        300
+    );
+    terminate(job);
+    let records = read_records(&output, 1, "read_committed");
+    let ids: Vec<u64> = records
+        .iter()
+        .map(|r| {
+            let v: Json = serde_json::from_str(r.value.as_deref().expect("value")).expect("json");
+            v["order_id"].as_u64().expect("order_id")
+        })
+        .collect();
+    let expected: BTreeSet<u64> = (1..=100)
+        .map(|n| n * 2 + 1)
+        .chain((101..=300).map(|n| n * 2))
+        .collect();
+    assert_exactly_once(&expected, &ids);
+    assert_eq!(distinct_records(&dlq, 1), 0);
+}
+
+#[test]
+fn an_output_schema_the_registry_refuses_stops_the_job_at_start_with_its_words() {
+    let url = registry_url();
+    let name = unique("avro-incompatible");
+    let (input, output) = (format!("{name}.in"), format!("{name}.out"));
+    create_topics(&[&input, &output], 1);
+    // The output's subject holds a schema with a required string `id`.
+    let existing = Schema::parse_str(
+        r#"{"type":"record","name":"Out","fields":[{"name":"id","type":"string"}]}"#,
+    )
+    .expect("schema");
+    registry(&url)
+        .register(&format!("{output}-value"), &existing, true)
+        .expect("register");
+    // The topology writes a new required field without a default: not BACKWARD compatible.
+    let yaml = format!(
+        r#"name: {name}
+schema_registry: {{url: "{url}"}}
+inputs: [{{topic: {input}, codec: json}}]
+outputs:
+  - topic: {output}
+    codec: avro
+    avro:
+      schema: {{type: record, name: Out, fields: [{{name: id, type: string}}, {{name: count, type: long}}]}}
+"#
+    );
+    let (_dir, file) = topology_file(&yaml);
+    let validate = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args(["validate", "--broker", &bootstrap()])
+        .arg(&file)
+        .output()
+        .expect("validate");
+    let said = String::from_utf8_lossy(&validate.stdout).to_string()
+        + &String::from_utf8_lossy(&validate.stderr);
+    assert!(!validate.status.success(), "validate passed: {said}");
+    assert!(
+        said.contains(&format!("{output}-value")) && said.contains("compatible"),
+        "{said}"
+    );
+
+    let run = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("run")
+        .arg(&file)
+        .args(["--bootstrap-servers", &bootstrap(), "--instance-id", "i0"])
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "the job ran: {said}");
+    assert!(
+        said.contains(&format!("{output}-value")) && said.to_lowercase().contains("incompatible"),
+        "{said}"
+    );
+}
