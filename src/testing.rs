@@ -430,10 +430,8 @@ fn actual_value(a: &Record, codec: Codec, expected: Option<&Json>) -> Json {
         return Json::Null;
     };
     let as_text = codec == Codec::Raw && expected.is_none_or(Json::is_string);
-    if !as_text {
-        if let Ok(v) = serde_json::from_slice(bytes) {
-            return v;
-        }
+    if !as_text && let Ok(v) = serde_json::from_slice(bytes) {
+        return v;
     }
     Json::String(String::from_utf8_lossy(bytes).into_owned())
 }

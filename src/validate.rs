@@ -107,10 +107,10 @@ pub fn check_text(
     let lines = LineMap::build(&text);
     let mut parsed = parse::parse(&text);
     // Files the topology names (schemas) are relative to its own.
-    if let Some(t) = parsed.topology.as_mut() {
-        if Path::new(file).is_file() {
-            t.dir = Path::new(file).parent().map(Path::to_path_buf);
-        }
+    if let Some(t) = parsed.topology.as_mut()
+        && Path::new(file).is_file()
+    {
+        t.dir = Path::new(file).parent().map(Path::to_path_buf);
     }
     for p in &parsed.problems {
         diagnostics.push(Diagnostic {

@@ -71,8 +71,16 @@ const STATUSES: [&str; 4] = ["NEW", "PAID", "SHIPPED", "CANCELLED"];
 /// Order `id` as the shop writes it: v1 for odd ids, v2 for even ones. Every 25th is
 /// cancelled, every 10th large (quantity 100 x 20.00).
 fn order(id: u64, v1: &Schema, v2: &Schema) -> (bool, Vec<u8>) {
-    let status = if id % 25 == 0 { 3 } else { (id % 3) as u32 };
-    let quantity = if id % 10 == 0 { 100 } else { 1 + id % 5 };
+    let status = if id.is_multiple_of(25) {
+        3
+    } else {
+        (id % 3) as u32
+    };
+    let quantity = if id.is_multiple_of(10) {
+        100
+    } else {
+        1 + id % 5
+    };
     let common = |fields: &mut Vec<(String, Avro)>| {
         fields.push(("order_id".into(), Avro::Long(id as i64)));
         fields.push(("customer".into(), Avro::String(format!("c-{}", id % 97))));
@@ -209,7 +217,7 @@ fn the_avro_example_runs_exactly_once_across_a_sigkill_with_poison_dead_lettered
         for (i, (kind, bytes)) in poison.iter().enumerate() {
             let key = format!("poison-{round}-{i}");
             expected_poison.insert(key.clone(), *kind);
-            let at = (round * 4000 + i * 900 + 17) as usize;
+            let at = round * 4000 + i * 900 + 17;
             values.insert(at.min(values.len()), (key, bytes.clone()));
         }
     }

@@ -36,7 +36,7 @@ fn topology_text(
 fn value_of(id: u64) -> String {
     if id < POISON_BASE {
         format!(r#"{{"id":{id},"amount":{id}}}"#)
-    } else if id % 2 == 0 {
+    } else if id.is_multiple_of(2) {
         format!("{{not json {id}")
     } else {
         format!(r#"{{"id":{id},"amount":"{}"}}"#, id % 1000)
@@ -65,10 +65,11 @@ fn read_letters(topic: &str, expected: usize) -> Vec<DeadLetter> {
     let mut letters = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while letters.len() < expected && Instant::now() < deadline {
-        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200)) {
-            if msg.headers().is_some() && msg.key().is_some() {
-                letters.push(DeadLetter::from_message(&msg));
-            }
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200))
+            && msg.headers().is_some()
+            && msg.key().is_some()
+        {
+            letters.push(DeadLetter::from_message(&msg));
         }
     }
     letters
@@ -151,7 +152,7 @@ fn poison_records_are_dead_lettered_exactly_once_across_sigkills_and_replayed_on
             "value of {id}"
         );
         let kind = letter.meta(dlq::H_KIND);
-        if id % 2 == 0 {
+        if id.is_multiple_of(2) {
             assert_eq!(kind, "bad_json", "{id}");
         } else {
             assert_ne!(kind, "bad_json", "{id}");

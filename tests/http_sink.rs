@@ -193,11 +193,11 @@ fn handle(
                 s.violations
                     .push(format!("path {path}, expected {expected}"));
             }
-            if let Some(last) = s.last_seq.get(k) {
-                if seq <= *last {
-                    s.violations
-                        .push(format!("key {k}: seq {seq} applied after {last}"));
-                }
+            if let Some(last) = s.last_seq.get(k)
+                && seq <= *last
+            {
+                s.violations
+                    .push(format!("key {k}: seq {seq} applied after {last}"));
             }
             s.last_seq.insert(k.to_string(), seq);
         }

@@ -275,12 +275,16 @@ fn relays_sigkilled_and_crashing_between_the_two_commits_publish_every_event_onc
             b = spawn_onceflow(&topology, "b", &log, &crash);
         }
         // SIGKILL one of them every other round, alternately.
-        if round % 2 == 0 {
-            let victim = if round % 4 == 0 { &mut a } else { &mut b };
+        if round.is_multiple_of(2) {
+            let victim = if round.is_multiple_of(4) {
+                &mut a
+            } else {
+                &mut b
+            };
             signal(victim, "-KILL");
             let _ = wait_exit(victim, Duration::from_secs(10));
             kills.fetch_add(1, Ordering::Relaxed);
-            if round % 4 == 0 {
+            if round.is_multiple_of(4) {
                 a = spawn_onceflow(&topology, "a", &log, &[]);
             } else {
                 b = spawn_onceflow(&topology, "b", &log, &crash);

@@ -2030,12 +2030,12 @@ fn recovery_after_single_faults() {
     let mut phases = Vec::new();
     let mut details = String::new();
     for &fault in &cfg.faults {
-        if fault.on_broker() {
-            if let Err(why) = &cfg.cluster {
-                eprintln!("recovery: {} skipped: {why}", fault.name());
-                header.push(format!("{} skipped: {why}", fault.name()));
-                continue;
-            }
+        if fault.on_broker()
+            && let Err(why) = &cfg.cluster
+        {
+            eprintln!("recovery: {} skipped: {why}", fault.name());
+            header.push(format!("{} skipped: {why}", fault.name()));
+            continue;
         }
         eprintln!("recovery: phase {}: {}", fault.name(), fault.describe());
         let phase = run_phase(&cfg, fault, &mut rng);

@@ -169,7 +169,7 @@ pub struct Spec {
 }
 
 fn interval(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

@@ -594,20 +594,20 @@ impl<'t> Job<'t> {
                 return Ok(Flow::Stop);
             }
         }
-        if let Some(every) = self.options.progress_every {
-            if self.last_progress.elapsed() >= every {
-                let s = txn.stats();
-                let rate = self.consumed as f64 / self.last_progress.elapsed().as_secs_f64();
-                telemetry::progress(
-                    s.records_committed,
-                    s.outputs_committed,
-                    s.committed,
-                    s.aborted,
-                    rate,
-                );
-                self.consumed = 0;
-                self.last_progress = Instant::now();
-            }
+        if let Some(every) = self.options.progress_every
+            && self.last_progress.elapsed() >= every
+        {
+            let s = txn.stats();
+            let rate = self.consumed as f64 / self.last_progress.elapsed().as_secs_f64();
+            telemetry::progress(
+                s.records_committed,
+                s.outputs_committed,
+                s.committed,
+                s.aborted,
+                rate,
+            );
+            self.consumed = 0;
+            self.last_progress = Instant::now();
         }
         Ok(Flow::Continue)
     }

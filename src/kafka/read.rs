@@ -96,10 +96,10 @@ pub fn read_to_end<E: From<ReadError>>(
         // delivered: positions tell when it is passed.
         let positions = consumer.position().map_err(ReadError::from)?;
         for e in positions.elements() {
-            if let Offset::Offset(pos) = e.offset() {
-                if pending.get(&e.partition()).is_some_and(|end| pos >= *end) {
-                    pending.remove(&e.partition());
-                }
+            if let Offset::Offset(pos) = e.offset()
+                && pending.get(&e.partition()).is_some_and(|end| pos >= *end)
+            {
+                pending.remove(&e.partition());
             }
         }
         if pending.is_empty() {

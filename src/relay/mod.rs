@@ -340,11 +340,11 @@ impl<'t> Relay<'t> {
                 return Ok(());
             }
             self.options.health.progressed();
-            if self.conn.is_none() {
-                if let Err(e) = self.connect() {
-                    self.wait_after(&e.to_string());
-                    continue;
-                }
+            if self.conn.is_none()
+                && let Err(e) = self.connect()
+            {
+                self.wait_after(&e.to_string());
+                continue;
             }
             if Instant::now() >= self.next_housekeeping {
                 self.next_housekeeping = Instant::now() + HOUSEKEEPING_EVERY;
@@ -945,10 +945,10 @@ impl RowPublisher<'_> {
     /// after [`MISSING_TOPIC_RECHECK`] (it may be created meanwhile). Metadata that cannot be
     /// read is an error: the batch is tried again, no row is dead-lettered for it.
     fn topic_exists(&mut self, topic: &str) -> Result<bool, KafkaError> {
-        if let Some((exists, at)) = self.known_topics.get(topic) {
-            if *exists || at.elapsed() < MISSING_TOPIC_RECHECK {
-                return Ok(*exists);
-            }
+        if let Some((exists, at)) = self.known_topics.get(topic)
+            && (*exists || at.elapsed() < MISSING_TOPIC_RECHECK)
+        {
+            return Ok(*exists);
         }
         let metadata = self.reader.fetch_metadata(Some(topic), self.timeout)?;
         let exists = match metadata.topics().iter().find(|t| t.name() == topic) {

@@ -51,13 +51,13 @@ impl LineMap {
             };
             match event {
                 Event::Scalar(value, ..) => {
-                    if let Some(Frame::Map { path, key }) = stack.last_mut() {
-                        if key.is_none() {
-                            let p = child(path, &value);
-                            lines.entry(p).or_insert(line);
-                            *key = Some(value.into_owned());
-                            continue;
-                        }
+                    if let Some(Frame::Map { path, key }) = stack.last_mut()
+                        && key.is_none()
+                    {
+                        let p = child(path, &value);
+                        lines.entry(p).or_insert(line);
+                        *key = Some(value.into_owned());
+                        continue;
                     }
                     if let Some(p) = node_path(&mut stack) {
                         lines.entry(p).or_insert(line);

@@ -533,13 +533,14 @@ impl Topology {
                     "is for `codec: avro` inputs only",
                 );
             }
-            if let Some(a) = &input.avro {
-                if a.reader_schema.is_some() && a.reader_schema_file.is_some() {
-                    issue(
-                        format!("inputs[{i}].avro"),
-                        "give `reader_schema` or `reader_schema_file`, not both",
-                    );
-                }
+            if let Some(a) = &input.avro
+                && a.reader_schema.is_some()
+                && a.reader_schema_file.is_some()
+            {
+                issue(
+                    format!("inputs[{i}].avro"),
+                    "give `reader_schema` or `reader_schema_file`, not both",
+                );
             }
         }
         for (o, output) in self.outputs.iter().enumerate() {
@@ -747,10 +748,10 @@ impl Topology {
                         path,
                         "is set by onceflow for exactly-once and cannot be overridden",
                     );
-                } else if section != "consumer" {
-                    if let Some(message) = idempotence_needs(key, value) {
-                        issue(path, message);
-                    }
+                } else if section != "consumer"
+                    && let Some(message) = idempotence_needs(key, value)
+                {
+                    issue(path, message);
                 }
             }
         }

@@ -292,7 +292,7 @@ impl Txn {
         if self
             .settings
             .abort_every
-            .is_some_and(|n| n > 0 && self.attempts % n == 0)
+            .is_some_and(|n| n > 0 && self.attempts.is_multiple_of(n))
         {
             self.abort_and_rewind(consumer, AbortReason::Failpoint, "every n-th transaction")?;
             return Ok(Committed::Aborted);

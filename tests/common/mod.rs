@@ -232,10 +232,10 @@ pub fn wait_for_distinct_while(
     let mut seen = BTreeSet::new();
     let deadline = Instant::now() + timeout;
     while seen.len() < expected && Instant::now() < deadline && alive() {
-        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200)) {
-            if marker_of(&msg).is_none() {
-                seen.insert(id_of(&msg));
-            }
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200))
+            && marker_of(&msg).is_none()
+        {
+            seen.insert(id_of(&msg));
         }
     }
     seen.len()

@@ -111,8 +111,8 @@ enum Plan {
     /// Resolved from the writer's schema to the reader's, on their physical types.
     Resolve {
         writer: Arc<Writer>,
-        physical_writer: Schema,
-        physical_reader: Schema,
+        physical_writer: Box<Schema>,
+        physical_reader: Box<Schema>,
     },
 }
 
@@ -181,8 +181,8 @@ impl AvroDecoder {
                 match twins {
                     Ok((physical_writer, physical_reader)) => Plan::Resolve {
                         writer,
-                        physical_writer,
-                        physical_reader,
+                        physical_writer: Box::new(physical_writer),
+                        physical_reader: Box::new(physical_reader),
                     },
                     Err(e) => {
                         return Err(CodecError {

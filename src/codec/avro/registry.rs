@@ -186,10 +186,7 @@ impl Registry {
         let id = if auto_register {
             self.post(settings, subject, &text)?
         } else {
-            match self.lookup(subject, schema)? {
-                Ok(id) => id,
-                Err(problem) => return Err(problem),
-            }
+            self.lookup(subject, schema)??
         };
         self.add(id, schema.clone())?;
         Ok(id)

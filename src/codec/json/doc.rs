@@ -55,12 +55,12 @@ impl<'a> Field<'a> {
     /// Opens a raw object lazily, so that a path can go inside it. False when the field is
     /// not an object.
     fn open(&mut self) -> bool {
-        if let Field::Raw(raw) = self {
-            if raw.starts_with('{') {
-                match Doc::parse_str(raw) {
-                    Ok(doc) => *self = Field::Object(doc),
-                    Err(_) => return false,
-                }
+        if let Field::Raw(raw) = self
+            && raw.starts_with('{')
+        {
+            match Doc::parse_str(raw) {
+                Ok(doc) => *self = Field::Object(doc),
+                Err(_) => return false,
             }
         }
         matches!(self, Field::Object(_) | Field::Value(Json::Object(_)))

@@ -413,7 +413,11 @@ mod tests {
             let pick = next() % if depth > 3 { 6 } else { 8 };
             match pick {
                 0 => out.push_str("null"),
-                1 => out.push_str(if next() % 2 == 0 { "true" } else { "false" }),
+                1 => out.push_str(if next().is_multiple_of(2) {
+                    "true"
+                } else {
+                    "false"
+                }),
                 2 => out.push_str(&format!("{}", next() as i64 % 100_000)),
                 3 => out.push_str(&format!(
                     "{}.{}e{}",
