@@ -314,6 +314,22 @@ fn the_avro_example_runs_exactly_once_across_a_sigkill_with_poison_dead_lettered
         "{:?}",
         unknown.headers
     );
+    // `dlq inspect` with the registry shows what each payload is.
+    let inspect = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args(["dlq", "inspect", &dlq, "--bootstrap-servers", &bootstrap()])
+        .args(["--schema-registry", &url])
+        .output()
+        .expect("dlq inspect");
+    let table = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.status.success(), "{table}");
+    assert!(
+        table.contains("avro#987654321 (schema id 987654321 is unknown"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("avro#{id2} (schema id {id2}: ")),
+        "{table}"
+    );
 }
 
 /// A TCP proxy to `upstream` that can be switched off (connections refused: closed as soon

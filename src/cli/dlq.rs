@@ -18,6 +18,19 @@ pub enum DlqCommand {
         /// Show at most this many records.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Decode Avro payloads (the Confluent wire format) with the schemas of this registry
+        /// (its Confluent-compatible API root), shown as the JSON documents expressions see.
+        #[arg(long, env = "ONCEFLOW_SCHEMA_REGISTRY_URL")]
+        schema_registry: Option<String>,
+        /// Basic authentication for the registry.
+        #[arg(long, env = "ONCEFLOW_SCHEMA_REGISTRY_USER")]
+        registry_user: Option<String>,
+        #[arg(
+            long,
+            env = "ONCEFLOW_SCHEMA_REGISTRY_PASSWORD",
+            hide_env_values = true
+        )]
+        registry_password: Option<String>,
     },
     /// Re-produce the original records to their original topic (or --to), exactly once:
     /// running it again over the same range re-produces nothing.
@@ -68,12 +81,28 @@ pub fn run(command: DlqCommand) -> anyhow::Result<bool> {
             filter,
             kafka,
             limit,
+            schema_registry,
+            registry_user,
+            registry_password,
         } => {
+            let registry = match schema_registry {
+                Some(url) => Some(
+                    crate::codec::avro::Registry::connect(&crate::topology::SchemaRegistry {
+                        url,
+                        username: registry_user,
+                        password: registry_password,
+                        timeout_ms: 5_000,
+                    })
+                    .map_err(anyhow::Error::msg)?,
+                ),
+                None => None,
+            };
             let shown = dlq::inspect(
                 &kafka.into(),
                 &topic,
                 &filter.into(),
                 limit,
+                registry.map(std::sync::Arc::new),
                 &mut std::io::stdout(),
             )?;
             eprintln!("{shown} record(s) shown");

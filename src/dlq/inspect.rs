@@ -2,6 +2,10 @@
 
 use super::{DeadLetter, DlqError, Filter};
 use super::{H_FAILED_AT, H_KIND, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC};
+use std::sync::Arc;
+
+use crate::codec::avro::{AvroDecoder, Registry};
+use crate::codec::{Decoder, Value};
 use crate::kafka::Cluster;
 use crate::kafka::read::{read_to_end, reader};
 
@@ -22,14 +26,35 @@ fn shorten(bytes: Option<&[u8]>, max: usize) -> String {
     }
 }
 
-/// Prints the dead-letter records of `topic` as a table.
+/// A payload as shown: Avro (the Confluent wire format) decoded with `registry` when one is
+/// given, as `avro#<id> <document>`, or why it does not decode; anything else as text.
+fn payload(value: Option<&[u8]>, avro: Option<&AvroDecoder>, max: usize) -> String {
+    let (Some(bytes), Some(decoder)) = (value, avro) else {
+        return shorten(value, max);
+    };
+    let Ok((id, _)) = crate::codec::avro::split_header(bytes) else {
+        return shorten(value, max);
+    };
+    match decoder.decode(Some(bytes)) {
+        Ok(Value::Json(Some(doc))) => {
+            shorten(Some(format!("avro#{id} {}", doc.to_json()).as_bytes()), max)
+        }
+        Ok(_) => shorten(value, max),
+        Err(e) => shorten(Some(format!("avro#{id} ({e})").as_bytes()), max),
+    }
+}
+
+/// Prints the dead-letter records of `topic` as a table; with a `registry`, Avro payloads
+/// decoded.
 pub fn inspect(
     kafka: &Cluster,
     topic: &str,
     filter: &Filter,
     limit: usize,
+    registry: Option<Arc<Registry>>,
     out: &mut dyn std::io::Write,
 ) -> Result<usize, DlqError> {
+    let avro = registry.map(|r| AvroDecoder::new(r, None));
     // A throwaway group: inspecting never moves anybody's offsets.
     let group = format!("onceflow.inspect.{}", std::process::id());
     let consumer = reader(kafka, &group)?;
@@ -57,7 +82,7 @@ pub fn inspect(
                 ),
                 shorten(Some(d.meta(H_STAGE).as_bytes()), 16),
                 shorten(Some(d.meta(H_MESSAGE).as_bytes()), 40),
-                shorten(d.value.as_deref(), 60),
+                payload(d.value.as_deref(), avro.as_ref(), 60),
             )?;
         }
         Ok(())
@@ -75,5 +100,32 @@ mod tests {
         assert_eq!(shorten(Some(b"abc"), 5), "abc");
         assert_eq!(shorten(Some(b"abcdefgh"), 5), "abcde…");
         assert_eq!(shorten(Some(b"a\nb"), 5), "a b");
+    }
+
+    #[test]
+    fn avro_payloads_are_shown_decoded_with_the_registry() {
+        let registry = Registry::offline();
+        let schema = apache_avro::Schema::parse_str(
+            r#"{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}"#,
+        )
+        .unwrap();
+        registry.add(4, schema).unwrap();
+        let decoder = AvroDecoder::new(Arc::new(registry), None);
+        let framed = crate::codec::avro::frame(4, &[0x54]); // id 42
+        assert_eq!(
+            payload(Some(&framed), Some(&decoder), 60),
+            r#"avro#4 {"id":42}"#
+        );
+        let unknown = crate::codec::avro::frame(5, &[0x54]);
+        assert_eq!(
+            payload(Some(&unknown), Some(&decoder), 60),
+            "avro#5 (schema id 5 is not known)"
+        );
+        assert_eq!(
+            payload(Some(b"{\"a\":1}"), Some(&decoder), 60),
+            r#"{"a":1}"#
+        );
+        // Without a registry, bytes as text.
+        assert_eq!(payload(Some(b"abc"), None, 60), "abc");
     }
 }
