@@ -14,7 +14,8 @@
 //!   with its field path).
 //! * [`source`]: where records come from: the Kafka consumer's messages as records, its
 //!   rebalance callback, pausing and resuming partitions.
-//! * [`codec`]: bytes to the pipeline's [`codec::Value`] and back (raw, JSON); pure.
+//! * [`codec`]: bytes to the pipeline's [`codec::Value`] and back (raw, JSON, Avro with a
+//!   schema registry whose schemas are fetched once per id and cached).
 //! * [`transform`]: the compiled pipeline of processors and CEL expressions; pure functions
 //!   of a record, no Kafka client or async type in sight.
 //! * [`engine`]: the loop of one job, thin: it polls, processes, lets the pure

@@ -210,6 +210,14 @@ fn a_reader_schema_resolves_added_removed_and_promoted_fields() {
         reader_schema_case(v2).unwrap(),
         json!({"id": 5, "currency": "EUR"})
     );
+    // int promoted to double; a string read as bytes.
+    let promoted = r#"{"type":"record","name":"Order","fields":[
+        {"name":"id","type":"double"},
+        {"name":"note","type":"bytes"}]}"#;
+    assert_eq!(
+        reader_schema_case(promoted).unwrap(),
+        json!({"id": 5.0, "note": "Z29uZQ=="})
+    );
     // A reader field without a default that the writer lacks: the reader cannot take it.
     let bad = r#"{"type":"record","name":"Order","fields":[
         {"name":"id","type":"long"},
@@ -217,6 +225,24 @@ fn a_reader_schema_resolves_added_removed_and_promoted_fields() {
     let err = reader_schema_case(bad).unwrap_err();
     assert_eq!(err.kind, ErrorKind::SchemaMismatch, "{err}");
     assert!(err.message.contains("schema id 3"), "{err}");
+}
+
+#[test]
+fn an_enum_symbol_the_reader_lacks_takes_the_readers_default() {
+    let writer = r#"{"type":"record","name":"R","fields":[
+        {"name":"s","type":{"type":"enum","name":"S","symbols":["A","B","NEW"]}}]}"#;
+    let reader = r#"{"type":"record","name":"R","fields":[
+        {"name":"s","type":{"type":"enum","name":"S","symbols":["A","B","OTHER"],"default":"OTHER"}}]}"#;
+    let datum = reference_encode(
+        &schema(writer),
+        Avro::Record(vec![("s".into(), Avro::Enum(2, "NEW".into()))]),
+    );
+    let given = Given::parse(&serde_json::from_str(reader).unwrap()).unwrap();
+    let decoder = AvroDecoder::new(registry_with(2, writer), Some(Arc::new(given)));
+    assert_eq!(
+        decode_json(&decoder, &frame(2, &datum)).unwrap(),
+        json!({"s": "OTHER"})
+    );
 }
 
 #[test]
