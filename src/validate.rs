@@ -374,35 +374,55 @@ fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
     }
     let mut out = Vec::new();
     for (o, output) in topology.outputs.iter().enumerate() {
-        if topology.output_codec(o) != crate::topology::Codec::Avro {
-            continue;
-        }
-        let here = format!("outputs[{o}].avro");
-        // A schema that does not parse is reported by the checks of the file already.
-        let Ok((subject, given)) = crate::codec::avro_subject(topology, o) else {
-            continue;
-        };
-        let auto_register = output.avro.as_ref().is_none_or(|a| a.auto_register);
-        let verdict = if auto_register {
-            registry.is_compatible(&subject, &given.schema).map(|ok| {
-                (!ok).then(|| {
-                    format!(
-                        "the schema is not compatible with subject `{subject}` of {} (the registry would refuse it)",
-                        registry.url()
-                    )
-                })
-            })
-        } else {
-            registry
-                .lookup(&subject, &given.schema)
-                .map(|found| found.err())
-        };
-        match verdict {
-            Ok(None) => {}
-            Ok(Some(problem)) | Err(problem) => out.push(at.diag(&here, problem)),
+        for key in [false, true] {
+            let (codec, config, field) = if key {
+                (
+                    output.key_codec.unwrap_or_default(),
+                    &output.key_avro,
+                    "key_avro",
+                )
+            } else {
+                (topology.output_codec(o), &output.avro, "avro")
+            };
+            if codec != crate::topology::Codec::Avro {
+                continue;
+            }
+            let here = format!("outputs[{o}].{field}");
+            // A schema that does not parse is reported by the checks of the file already.
+            let Ok((subject, given)) = crate::codec::avro_subject(topology, o, key) else {
+                continue;
+            };
+            let auto_register = config.as_ref().is_none_or(|a| a.auto_register);
+            if let Some(problem) = subject_problem(&registry, &subject, &given, auto_register) {
+                out.push(at.diag(&here, problem));
+            }
         }
     }
     out
+}
+
+/// What is wrong with writing `given` under `subject`, if anything.
+fn subject_problem(
+    registry: &crate::codec::avro::Registry,
+    subject: &str,
+    given: &crate::codec::avro::Given,
+    auto_register: bool,
+) -> Option<String> {
+    let verdict = if auto_register {
+        registry.is_compatible(subject, &given.schema).map(|ok| {
+            (!ok).then(|| {
+                format!(
+                    "the schema is not compatible with subject `{subject}` of {} (the registry would refuse it)",
+                    registry.url()
+                )
+            })
+        })
+    } else {
+        registry
+            .lookup(subject, &given.schema)
+            .map(|found| found.err())
+    };
+    verdict.unwrap_or_else(Some)
 }
 
 /// Places a broker check's problems in the file.

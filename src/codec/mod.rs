@@ -67,6 +67,10 @@ pub trait Encoder: Send + Sync {
 pub struct Codecs {
     pub decoders: HashMap<String, Box<dyn Decoder>>,
     pub encoders: Vec<Box<dyn Encoder>>,
+    /// Key decoders of the inputs whose `key_codec` is not `raw`, by source name.
+    pub key_decoders: HashMap<String, Box<dyn Decoder>>,
+    /// Key encoders of the outputs whose `key_codec` is not `raw`, by output index.
+    pub key_encoders: Vec<Option<Box<dyn Encoder>>>,
     /// Offline (no server) unless made by [`Codecs::connect`].
     pub registry: Arc<Registry>,
 }
@@ -131,13 +135,42 @@ impl Codecs {
             };
             decoders.insert(input.source_name(), decoder);
         }
+        let mut key_decoders: HashMap<String, Box<dyn Decoder>> = HashMap::new();
+        for input in &topology.inputs {
+            let decoder: Box<dyn Decoder> = match input.key_codec {
+                Codec::Raw => continue,
+                Codec::Json => Box::new(json::Json),
+                Codec::Avro => Box::new(AvroDecoder::new(Arc::clone(&registry), None)),
+            };
+            key_decoders.insert(input.source_name(), decoder);
+        }
         let mut encoders: Vec<Box<dyn Encoder>> = Vec::new();
+        let mut key_encoders: Vec<Option<Box<dyn Encoder>>> = Vec::new();
         let mut refused = Vec::new();
         for (o, output) in topology.outputs.iter().enumerate() {
+            let key_encoder: Option<Box<dyn Encoder>> = match output.key_codec {
+                None | Some(Codec::Raw) => None,
+                Some(Codec::Json) => Some(Box::new(json::Json)),
+                Some(Codec::Avro) => match avro_output(topology, o, true, &registry) {
+                    Ok(e) => Some(Box::new(e)),
+                    Err(Fault::Config(message)) => {
+                        issues.push(ConfigIssue {
+                            path: format!("outputs[{o}].key_avro"),
+                            message,
+                        });
+                        None
+                    }
+                    Err(Fault::Registry(message)) => {
+                        refused.push(format!("outputs[{o}] ({}) key: {message}", output.name()));
+                        None
+                    }
+                },
+            };
+            key_encoders.push(key_encoder);
             let encoder: Box<dyn Encoder> = match topology.output_codec(o) {
                 Codec::Raw => Box::new(raw::Raw),
                 Codec::Json => Box::new(json::Json),
-                Codec::Avro => match avro_output(topology, o, &registry) {
+                Codec::Avro => match avro_output(topology, o, false, &registry) {
                     Ok(e) => Box::new(e),
                     Err(Fault::Config(message)) => {
                         issues.push(ConfigIssue {
@@ -163,6 +196,8 @@ impl Codecs {
         Ok(Codecs {
             decoders,
             encoders,
+            key_decoders,
+            key_encoders,
             registry,
         })
     }
@@ -173,13 +208,11 @@ enum Fault {
     Registry(String),
 }
 
-/// The subject of Avro output `o`, and its parsed schema.
-pub fn avro_subject(topology: &Topology, o: usize) -> Result<(String, Given), String> {
+/// The subject of Avro output `o` (of its keys when `key`), and its parsed schema.
+pub fn avro_subject(topology: &Topology, o: usize, key: bool) -> Result<(String, Given), String> {
     let output = &topology.outputs[o];
-    let config = output
-        .avro
-        .as_ref()
-        .ok_or("an Avro output needs its schema")?;
+    let config = if key { &output.key_avro } else { &output.avro };
+    let config = config.as_ref().ok_or("an Avro output needs its schema")?;
     let json = config
         .source()
         .json(topology.dir.as_deref())?
@@ -191,16 +224,20 @@ pub fn avro_subject(topology: &Topology, o: usize) -> Result<(String, Given), St
     };
     let subject = config
         .subject_strategy
-        .subject(topic, given.full_name().as_deref())?;
+        .subject(topic, given.full_name().as_deref(), key)?;
     Ok((subject, given))
 }
 
-fn avro_output(topology: &Topology, o: usize, registry: &Registry) -> Result<AvroEncoder, Fault> {
-    let (subject, given) = avro_subject(topology, o).map_err(Fault::Config)?;
-    let auto_register = topology.outputs[o]
-        .avro
-        .as_ref()
-        .is_none_or(|a| a.auto_register);
+fn avro_output(
+    topology: &Topology,
+    o: usize,
+    key: bool,
+    registry: &Registry,
+) -> Result<AvroEncoder, Fault> {
+    let (subject, given) = avro_subject(topology, o, key).map_err(Fault::Config)?;
+    let output = &topology.outputs[o];
+    let config = if key { &output.key_avro } else { &output.avro };
+    let auto_register = config.as_ref().is_none_or(|a| a.auto_register);
     let id = registry
         .register(&subject, &given.schema, auto_register)
         .map_err(Fault::Registry)?;

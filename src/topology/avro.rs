@@ -90,7 +90,7 @@ impl AvroInput {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SubjectStrategy {
-    /// `<topic>-value`.
+    /// `<topic>-value` (`<topic>-key` for keys).
     #[default]
     TopicName,
     /// The record's full name.
@@ -100,8 +100,9 @@ pub enum SubjectStrategy {
 }
 
 impl SubjectStrategy {
-    /// The subject of a value schema named `record` (its full name) written to `topic`.
-    pub fn subject(self, topic: &str, record: Option<&str>) -> Result<String, String> {
+    /// The subject of a value (or key) schema named `record` (its full name) written to
+    /// `topic`.
+    pub fn subject(self, topic: &str, record: Option<&str>, key: bool) -> Result<String, String> {
         let record = || {
             record.ok_or_else(|| {
                 "the record name strategies need a named schema (a record, enum or fixed)"
@@ -109,6 +110,7 @@ impl SubjectStrategy {
             })
         };
         Ok(match self {
+            SubjectStrategy::TopicName if key => format!("{topic}-key"),
             SubjectStrategy::TopicName => format!("{topic}-value"),
             SubjectStrategy::RecordName => record()?.to_string(),
             SubjectStrategy::TopicRecordName => format!("{topic}-{}", record()?),

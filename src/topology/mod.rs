@@ -106,6 +106,10 @@ pub struct Input {
     pub codec: Codec,
     /// The reader schema of an `avro` input.
     pub avro: Option<AvroInput>,
+    /// How record keys of this topic are decoded for expressions (`key`): `raw` (default:
+    /// bytes), `json` or `avro` (the key's writer schema from the registry). The key bytes
+    /// themselves pass to the outputs unchanged unless an output or `set_key` makes another.
+    pub key_codec: Codec,
 }
 
 impl Input {
@@ -131,6 +135,8 @@ struct InputFile {
     codec: Codec,
     #[serde(default)]
     avro: Option<AvroInput>,
+    #[serde(default)]
+    key_codec: Codec,
 }
 
 impl TryFrom<InputFile> for Input {
@@ -145,6 +151,7 @@ impl TryFrom<InputFile> for Input {
                 postgres_outbox,
                 codec: f.codec,
                 avro: f.avro,
+                key_codec: f.key_codec,
             }),
         }
     }
@@ -200,6 +207,15 @@ pub struct Output {
     /// The schema and subject of an `avro` output.
     #[serde(default)]
     pub avro: Option<AvroOutput>,
+    /// How keys are written: `raw` (default: the key bytes), `json` or `avro` (with
+    /// `key_avro`'s schema, subject `<topic>-key`). With `json` or `avro` the key is a value:
+    /// the output's `key` expression's, else the input's decoded key (its `key_codec`), else
+    /// the key bytes as a string.
+    #[serde(default)]
+    pub key_codec: Option<Codec>,
+    /// The schema and subject of an `avro` key.
+    #[serde(default)]
+    pub key_avro: Option<AvroOutput>,
     /// A CEL expression giving the key of records written here (it replaces the key the
     /// record carries). Default: the record's key, as set by `set_key` or consumed.
     #[serde(default)]
@@ -526,7 +542,7 @@ impl Topology {
     fn validate_avro(&self, issue: &mut dyn FnMut(String, &str)) {
         let mut uses_avro = false;
         for (i, input) in self.inputs.iter().enumerate() {
-            uses_avro |= input.codec == Codec::Avro;
+            uses_avro |= input.codec == Codec::Avro || input.key_codec == Codec::Avro;
             if input.avro.is_some() && input.codec != Codec::Avro {
                 issue(
                     format!("inputs[{i}].avro"),
@@ -565,6 +581,33 @@ impl Topology {
                     if output.topic.is_none() {
                         issue(
                             format!("outputs[{o}].codec"),
+                            "`avro` is for Kafka topic outputs",
+                        );
+                    }
+                }
+                (None, false) => {}
+            }
+            let avro_key = output.key_codec == Some(Codec::Avro);
+            uses_avro |= avro_key;
+            match (&output.key_avro, avro_key) {
+                (Some(_), false) => issue(
+                    format!("outputs[{o}].key_avro"),
+                    "is for `key_codec: avro` outputs only",
+                ),
+                (None, true) => issue(
+                    format!("outputs[{o}].key_avro"),
+                    "an Avro key needs its schema: `key_avro: {schema: ...}` or `key_avro: {schema_file: ...}`",
+                ),
+                (Some(a), true) => {
+                    if a.schema.is_some() == a.schema_file.is_some() {
+                        issue(
+                            format!("outputs[{o}].key_avro"),
+                            "needs exactly one of `schema` and `schema_file`",
+                        );
+                    }
+                    if output.topic.is_none() {
+                        issue(
+                            format!("outputs[{o}].key_codec"),
                             "`avro` is for Kafka topic outputs",
                         );
                     }

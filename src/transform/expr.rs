@@ -97,6 +97,8 @@ pub struct Scope<'s, 'a> {
     /// The decoded value: JSON, or raw bytes.
     pub value: ValueRef<'s, 'a>,
     pub key: Option<&'s [u8]>,
+    /// The key decoded by its input's `key_codec` (`json`, `avro`): what `key` is then.
+    pub key_doc: Option<&'s Json>,
     pub headers: &'s [(String, Vec<u8>)],
     pub timestamp: Option<i64>,
     pub origin: &'s Origin,
@@ -352,7 +354,10 @@ impl VariableResolver for Resolver<'_, '_, '_> {
                 ValueUse::Paths(paths) => value_val(scope.value, Some(paths.as_slice())),
                 _ => value_val(scope.value, None),
             },
-            "key" => bytes_val(scope.key),
+            "key" => match scope.key_doc {
+                Some(doc) => json_val(doc),
+                None => bytes_val(scope.key),
+            },
             "headers" => {
                 let map: HashMap<CelMapKey<'b>, Box<dyn Val + 'b>> = scope
                     .headers
@@ -691,6 +696,7 @@ mod tests {
         let scope = Scope {
             value: ValueRef::Json(Some(&doc)),
             key: Some(b"k1"),
+            key_doc: None,
             headers: &headers,
             timestamp: Some(1000),
             origin: &origin,
@@ -776,6 +782,7 @@ mod tests {
             let scope = Scope {
                 value: ValueRef::Json(Some(&doc)),
                 key: None,
+                key_doc: None,
                 headers: &[],
                 timestamp: None,
                 origin: &origin,
@@ -795,6 +802,7 @@ mod tests {
         let scope = Scope {
             value: ValueRef::Json(Some(&doc)),
             key: None,
+            key_doc: None,
             headers: &[],
             timestamp: None,
             origin: &origin,

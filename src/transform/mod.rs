@@ -28,6 +28,9 @@ struct Work<'a> {
     /// Length of the consumed value, to size the encoded one.
     value_len: usize,
     key: Option<Vec<u8>>,
+    /// The key as decoded by its input's `key_codec` (not `raw`), until `set_key` replaces
+    /// the key.
+    key_doc: Option<Json>,
     body: Value<'a>,
     headers: Vec<(String, Vec<u8>)>,
     timestamp: Option<i64>,
@@ -57,6 +60,7 @@ impl<'a> Work<'a> {
                 Value::Json(doc) => ValueRef::Json(doc.as_ref()),
             },
             key: self.key.as_deref(),
+            key_doc: self.key_doc.as_ref(),
             headers: &self.headers,
             timestamp: self.timestamp,
             origin: &self.origin,
@@ -97,6 +101,8 @@ struct Route {
 struct OutputSpec {
     name: String,
     encoder: Box<dyn Encoder>,
+    /// `None`: keys are written as bytes.
+    key_encoder: Option<Box<dyn Encoder>>,
     key: Option<Expression>,
     headers: HeaderPolicy,
 }
@@ -105,6 +111,7 @@ struct OutputSpec {
 /// indexes. Compiled once at load; [`Pipeline::process`] is then a pure function.
 pub struct Pipeline {
     decoders: HashMap<String, Box<dyn Decoder>>,
+    key_decoders: HashMap<String, Box<dyn Decoder>>,
     /// The schema registry of the Avro codecs (offline unless the job's).
     registry: std::sync::Arc<crate::codec::avro::Registry>,
     steps: Vec<(Step, &'static str)>,
@@ -153,11 +160,12 @@ impl Pipeline {
                 steps.push((step, p.kind()));
             }
         }
-        let outputs = compiler.outputs(topology, codecs.encoders);
+        let outputs = compiler.outputs(topology, codecs.encoders, codecs.key_encoders);
         let issues = compiler.into_issues();
         if issues.is_empty() {
             Ok(Pipeline {
                 decoders: codecs.decoders,
+                key_decoders: codecs.key_decoders,
                 registry: codecs.registry,
                 steps,
                 route,
@@ -196,9 +204,24 @@ impl Pipeline {
             stage: Stage::Decode,
             message: e.message,
         })?;
+        let key_doc = match self.key_decoders.get(&record.origin.topic) {
+            None => None,
+            Some(decoder) => match decoder.decode(record.key.as_deref()) {
+                Ok(Value::Json(Some(doc))) => Some(doc.to_json()),
+                Ok(_) => None,
+                Err(e) => {
+                    return Err(RecordError {
+                        kind: e.kind,
+                        stage: Stage::Decode,
+                        message: format!("the key: {}", e.message),
+                    });
+                }
+            },
+        };
         let work = Work {
             value_len: value.as_ref().map_or(0, Vec::len),
             key: record.key,
+            key_doc,
             body,
             headers: record.headers,
             timestamp: record.timestamp,
@@ -236,6 +259,7 @@ impl Pipeline {
                 Step::Rename(moves) => rename(moves, &mut work, &fail)?,
                 Step::SetKey(e) => {
                     work.key = eval_bytes(e, &mut work, &fail)?;
+                    work.key_doc = None;
                 }
                 Step::SetHeader {
                     name: header,
@@ -295,6 +319,7 @@ impl Pipeline {
                     Work {
                         value_len: 0,
                         key: None,
+                        key_doc: None,
                         body: Value::Json(None),
                         headers: Vec::new(),
                         timestamp: None,
@@ -390,12 +415,32 @@ impl Pipeline {
             },
             message,
         };
-        let key = match &spec.key {
-            None => work.key.clone(),
-            Some(e) => {
+        let key = match (&spec.key_encoder, &spec.key) {
+            (None, None) => work.key.clone(),
+            (None, Some(e)) => {
                 work.prepare(e);
                 e.eval_bytes(&work.scope())
                     .map_err(|(kind, message)| fail(kind, message))?
+            }
+            (Some(encoder), e) => {
+                let value = match e {
+                    Some(e) => {
+                        work.prepare(e);
+                        Some(
+                            e.eval_json(&work.scope())
+                                .map_err(|(kind, message)| fail(kind, message))?,
+                        )
+                    }
+                    None => work.key_doc.clone().or_else(|| {
+                        work.key
+                            .as_deref()
+                            .map(|k| Json::String(String::from_utf8_lossy(k).into_owned()))
+                    }),
+                };
+                let value = Value::Json(value.map(Doc::Other));
+                encoder
+                    .encode(&value, 0)
+                    .map_err(|e| fail(e.kind, format!("the key: {}", e.message)))?
             }
         };
         let value = spec
@@ -545,9 +590,20 @@ impl<'t> Compiler<'t> {
     }
 
     /// The outputs of `topology`: their encoders and compiled keys.
-    fn outputs(&mut self, topology: &Topology, encoders: Vec<Box<dyn Encoder>>) -> Vec<OutputSpec> {
+    fn outputs(
+        &mut self,
+        topology: &Topology,
+        encoders: Vec<Box<dyn Encoder>>,
+        key_encoders: Vec<Option<Box<dyn Encoder>>>,
+    ) -> Vec<OutputSpec> {
         let mut outputs = Vec::new();
-        for ((i, o), encoder) in topology.outputs.iter().enumerate().zip(encoders) {
+        for (((i, o), encoder), key_encoder) in topology
+            .outputs
+            .iter()
+            .enumerate()
+            .zip(encoders)
+            .zip(key_encoders)
+        {
             let key = o
                 .key
                 .as_deref()
@@ -555,6 +611,7 @@ impl<'t> Compiler<'t> {
             outputs.push(OutputSpec {
                 name: o.name().to_string(),
                 encoder,
+                key_encoder,
                 key,
                 headers: o.headers,
             });

@@ -476,3 +476,74 @@ fn random_and_mutated_bytes_never_panic_and_agree_with_apache_avro() {
         "{accepted} / {refused}"
     );
 }
+
+#[test]
+fn keys_decode_for_expressions_and_encode_with_their_own_schema() {
+    use crate::record::{Origin, Record};
+    let yaml = r#"
+name: keys
+schema_registry: {url: "http://127.0.0.1:1"}
+inputs: [{topic: in, codec: avro, key_codec: avro}]
+pipeline:
+  - filter: 'key.region == "eu"'
+  - route: {routes: [{when: 'key.n > 1', to: [same-key]}], default: [by-customer]}
+outputs:
+  - topic: by-customer
+    codec: json
+    key_codec: avro
+    key_avro: {schema: '{"type":"record","name":"CustomerKey","fields":[{"name":"customer","type":"string"}]}'}
+    key: '{"customer": value.customer}'
+  - topic: same-key
+    codec: json
+    key_codec: json
+"#;
+    let topology = crate::topology::Topology::parse(yaml, "keys").unwrap();
+    let pipeline = crate::transform::Pipeline::compile(&topology).unwrap();
+    let key_schema = r#"{"type":"record","name":"K","fields":[{"name":"region","type":"string"},{"name":"n","type":"long"}]}"#;
+    let registry = Arc::clone(pipeline.registry());
+    registry.add(100, schema(key_schema)).unwrap();
+    registry.add(101, schema(ORDER)).unwrap();
+    let key = |region: &str| {
+        frame(
+            100,
+            &reference_encode(
+                &schema(key_schema),
+                Avro::Record(vec![
+                    ("region".into(), Avro::String(region.into())),
+                    ("n".into(), Avro::Long(1)),
+                ]),
+            ),
+        )
+    };
+    let record = |region: &str| Record {
+        key: Some(key(region)),
+        value: Some(frame(
+            101,
+            &reference_encode(&schema(ORDER), order_value(5)),
+        )),
+        headers: Vec::new(),
+        timestamp: None,
+        origin: Origin {
+            topic: "in".into(),
+            partition: 0,
+            offset: 0,
+        },
+    };
+    let mut out = Vec::new();
+    pipeline.process(record("us"), &mut out).unwrap();
+    assert!(out.is_empty(), "filtered on the decoded key");
+    pipeline.process(record("eu"), &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    let written = out[0].1.key.clone().unwrap();
+    let decoder = AvroDecoder::new(Arc::clone(&registry), None);
+    assert_eq!(
+        decode_json(&decoder, &written).unwrap(),
+        json!({"customer": "ada"})
+    );
+    // A key that is not Avro fails the record, naming the key.
+    let mut bad = record("eu");
+    bad.key = Some(b"plain".to_vec());
+    let err = pipeline.process(bad, &mut out).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::BadAvro);
+    assert!(err.message.starts_with("the key: "), "{err}");
+}
