@@ -311,3 +311,115 @@ fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The registry client against a focused HTTP double: what each answer of a registry
+    //! becomes (the real one, Apicurio, is in tests/avro.rs; it cannot be made to answer 500
+    //! or to refuse credentials on demand).
+    use super::*;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const SCHEMA: &str = r#"{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}"#;
+
+    /// A registry that needs basic auth `u:p` ("dTpw"), knows schema id 1, answers 404 (with
+    /// Confluent's error code) for id 2 and 500 for id 3; counts the calls.
+    fn double() -> (String, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                let app = axum::Router::new().route(
+                    "/schemas/ids/{id}",
+                    axum::routing::get(
+                        move |axum::extract::Path(id): axum::extract::Path<u32>,
+                              headers: HeaderMap| {
+                            let counted = Arc::clone(&counted);
+                            async move {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                                let auth =
+                                    headers.get("authorization").and_then(|v| v.to_str().ok());
+                                if auth != Some("Basic dTpw") {
+                                    return (
+                                        StatusCode::UNAUTHORIZED,
+                                        r#"{"error_code":401,"message":"Unauthorized"}"#,
+                                    )
+                                        .into_response();
+                                }
+                                match id {
+                                    1 => (
+                                        StatusCode::OK,
+                                        serde_json::json!({"schema": SCHEMA}).to_string(),
+                                    )
+                                        .into_response(),
+                                    2 => (
+                                        StatusCode::NOT_FOUND,
+                                        r#"{"error_code":40403,"message":"Schema not found"}"#,
+                                    )
+                                        .into_response(),
+                                    _ => (
+                                        StatusCode::INTERNAL_SERVER_ERROR,
+                                        r#"{"error_code":50001,"message":"boom"}"#,
+                                    )
+                                        .into_response(),
+                                }
+                            }
+                        },
+                    ),
+                );
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        (format!("http://{}", rx.recv().unwrap()), calls)
+    }
+
+    fn client(url: &str, password: &str) -> Registry {
+        Registry::connect(&SchemaRegistry {
+            url: url.to_string(),
+            username: Some("u".into()),
+            password: Some(password.into()),
+            timeout_ms: 2_000,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn each_answer_of_the_registry_is_a_schema_the_records_fault_or_a_transient_failure() {
+        let (url, calls) = double();
+        let r = client(&url, "p");
+        // Fetched once, then from the cache.
+        assert!(r.writer(1).is_ok());
+        assert!(r.writer(1).is_ok());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // 404: the record's fault, remembered.
+        let unknown = r.writer(2).unwrap_err();
+        assert!(
+            matches!(&unknown, Lookup::Unknown(m) if m.contains("schema id 2 is unknown")),
+            "{unknown:?}"
+        );
+        assert!(matches!(r.writer(2), Err(Lookup::Unknown(_))));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // 500: transient, asked again next time.
+        assert!(matches!(r.writer(3), Err(Lookup::Unavailable(m)) if m.contains("boom")));
+        assert!(matches!(r.writer(3), Err(Lookup::Unavailable(_))));
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        // Refused credentials: transient (the record is good), with the registry's words.
+        let refused = client(&url, "wrong").writer(1).unwrap_err();
+        assert!(
+            matches!(&refused, Lookup::Unavailable(m) if m.contains("Unauthorized")),
+            "{refused:?}"
+        );
+        // Nobody listening: transient.
+        let gone = client("http://127.0.0.1:1", "p").writer(1).unwrap_err();
+        assert!(matches!(gone, Lookup::Unavailable(_)), "{gone:?}");
+    }
+}
