@@ -25,9 +25,15 @@
 //! * `pipeline, Avro`: `Pipeline::process` (each record cloned first, as the engine does) with
 //!   a filter, a map of two computed fields and a set_key, Avro in and Avro out.
 //! * `pipeline, JSON`: the same pipeline over the same records as JSON text, JSON out.
+//! * The breakdown, where the time of decode + encode goes: `read::decode` alone (no header,
+//!   no schema look-up), and with `placed_at` or `status` read as their plain types (the same
+//!   bytes); `read::timestamp_text` alone; `write::encode` alone, with `placed_at` as text or
+//!   as its number; the framing; and resolution's two halves (apache-avro's resolving reader
+//!   and writer built, which resolution does per record, and the rest with them built once).
 //!
-//! Each round measures every variant for `ONCEFLOW_BENCH_SECS` (default 2) after a warm-up of
-//! 0.5 s that is not counted, the order reversed every other round; `ONCEFLOW_BENCH_ROUNDS`
+//! Each round measures every variant for `ONCEFLOW_BENCH_SECS` (default 2; the breakdown a
+//! quarter of it) after a warm-up of 0.5 s (0.25 s) that is not counted, the order reversed
+//! every other round; `ONCEFLOW_BENCH_ROUNDS`
 //! (default 5) rounds. Rates are reported as the median and min-max over the rounds, ratios
 //! computed per round (paired) as the median and min-max. Under `cargo test` (no `--bench`
 //! argument) it checks every variant's output and runs one short round as a smoke test.
@@ -155,14 +161,14 @@ fn order(n: u64) -> Avro {
         ),
         ("amount".into(), Avro::Double(9.99 + (n % 1000) as f64)),
         ("quantity".into(), Avro::Int(1 + (n % 9) as i32)),
-        ("paid".into(), Avro::Boolean(n % 5 != 0)),
+        ("paid".into(), Avro::Boolean(!n.is_multiple_of(5))),
         (
             "status".into(),
             Avro::Enum(status, ["NEW", "PAID", "SHIPPED"][status as usize].into()),
         ),
         (
             "coupon".into(),
-            if n % 4 == 0 {
+            if n.is_multiple_of(4) {
                 Avro::Union(0, Box::new(Avro::Null))
             } else {
                 Avro::Union(1, Box::new(Avro::String(format!("SPRING{}", n % 10))))
@@ -504,6 +510,27 @@ fn compiled_plain(timestamp: bool, status: bool) -> Compiled {
     Compiled::new(&Schema::parse_str(&text).expect("a plain ORDER")).expect("compiles")
 }
 
+/// `schema` without its logical types, as the codec's resolution gives it to apache-avro
+/// (src/codec/avro/mod.rs, `physical`).
+fn physical(schema: &Schema) -> Schema {
+    fn strip(v: &mut Json) {
+        match v {
+            Json::Object(map) => {
+                if map.remove("logicalType").is_some() {
+                    map.remove("precision");
+                    map.remove("scale");
+                }
+                map.values_mut().for_each(strip);
+            }
+            Json::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut json = serde_json::to_value(schema).expect("schema JSON");
+    strip(&mut json);
+    Schema::parse(&json).expect("a physical schema")
+}
+
 /// The codec's parts, each alone, over the same records.
 struct Parts<'f> {
     datums: Vec<&'f [u8]>,
@@ -600,13 +627,14 @@ fn main() {
         .iter()
         .map(|f| s.decoder.decode(Some(f)).expect("decode"))
         .collect();
-    // The steps of resolution (src/codec/avro/mod.rs, `resolve`), its reader and writer
-    // built once.
-    let resolver = GenericDatumReader::builder(&s.schema)
-        .reader_schema(&s.reader.schema)
+    // The steps of resolution (src/codec/avro/mod.rs, `resolve`: apache-avro resolves the
+    // physical schemas), its reader and writer built once.
+    let (physical_writer, physical_reader) = (physical(&s.schema), physical(&s.reader.schema));
+    let resolver = GenericDatumReader::builder(&physical_writer)
+        .reader_schema(&physical_reader)
         .build()
         .expect("a resolving reader");
-    let resolved_writer = GenericDatumWriter::builder(&s.reader.schema)
+    let resolved_writer = GenericDatumWriter::builder(&physical_reader)
         .build()
         .expect("a writer of the reader schema");
     let frames = &s.frames;
@@ -697,11 +725,11 @@ fn main() {
             }
             RESOLVE_BUILD => {
                 for _ in frames {
-                    let r = GenericDatumReader::builder(black_box(&s.schema))
-                        .reader_schema(&s.reader.schema)
+                    let r = GenericDatumReader::builder(black_box(&physical_writer))
+                        .reader_schema(&physical_reader)
                         .build()
                         .expect("a resolving reader");
-                    let w = GenericDatumWriter::builder(black_box(&s.reader.schema))
+                    let w = GenericDatumWriter::builder(black_box(&physical_reader))
                         .build()
                         .expect("a writer of the reader schema");
                     black_box((r, w));
@@ -721,122 +749,6 @@ fn main() {
         frames.len()
     };
 
-    if std::env::var("TMP_EXPLORE").is_ok() {
-        let t = |name: &str, f: &mut dyn FnMut()| {
-            let st = Instant::now();
-            for _ in 0..20 {
-                f();
-            }
-            eprintln!("{name}: {:.0} ns", st.elapsed().as_nanos() as f64 / 20000.0);
-        };
-        let plain_reader = GenericDatumReader::builder(&s.schema).build().unwrap();
-        let full: Json = serde_json::from_str(ORDER).unwrap();
-        for k in [0usize, 7, 8, 9] {
-            let mut one = full.clone();
-            let f = full["fields"][k].clone();
-            one["fields"] = json!([f.clone(), {"name": "z", "type": "long"}]);
-            let sch = Schema::parse_str(&one.to_string()).unwrap();
-            let comp = Compiled::new(&sch).unwrap();
-            let w = GenericDatumWriter::builder(&sch).build().unwrap();
-            let r = GenericDatumReader::builder(&sch).build().unwrap();
-            let ds: Vec<Vec<u8>> = (0..1000)
-                .map(|n| {
-                    let Avro::Record(fs) = order(n) else { panic!() };
-                    w.write_value_to_vec(Avro::Record(vec![
-                        fs[k].clone(),
-                        ("z".into(), Avro::Long(1_714_564_800_000)),
-                    ]))
-                    .unwrap()
-                })
-                .collect();
-            let mut buf = Vec::new();
-            let docs: Vec<_> = ds.iter().map(|d| read::decode(&comp, d).unwrap()).collect();
-            for _ in 0..2 {
-                t(&format!("field {} ours", f["name"]), &mut || {
-                    for d in &ds {
-                        black_box(read::decode(&comp, d).unwrap());
-                    }
-                });
-                t(&format!("field {} apache", f["name"]), &mut || {
-                    for d in &ds {
-                        let mut x = d.as_slice();
-                        black_box(r.read_value(&mut x).unwrap());
-                    }
-                });
-                t(&format!("field {} our write", f["name"]), &mut || {
-                    for d in &docs {
-                        buf.clear();
-                        write::encode(&comp, d, &mut buf).unwrap();
-                        black_box(&buf);
-                    }
-                });
-            }
-        }
-        let empty = Compiled::new(
-            &Schema::parse_str(r#"{"type":"record","name":"E","fields":[]}"#).unwrap(),
-        )
-        .unwrap();
-        t("empty record ours", &mut || {
-            for _ in &p.datums {
-                black_box(read::decode(&empty, &[]).unwrap());
-            }
-        });
-        for _ in 0..2 {
-            t("our read writer", &mut || {
-                for d in &p.datums {
-                    black_box(read::decode(&p.order, d).unwrap());
-                }
-            });
-            t("apache plain read", &mut || {
-                for d in &p.datums {
-                    let mut x = *d;
-                    black_box(plain_reader.read_value(&mut x).unwrap());
-                }
-            });
-            t("apache resolved read", &mut || {
-                for d in &p.datums {
-                    let mut x = *d;
-                    black_box(resolver.read_value(&mut x).unwrap());
-                }
-            });
-            let vals: Vec<_> = p
-                .datums
-                .iter()
-                .map(|d| {
-                    let mut x = *d;
-                    resolver.read_value(&mut x).unwrap()
-                })
-                .collect();
-            t("apache write (validate)", &mut || {
-                for v in &vals {
-                    black_box(resolved_writer.write_value_to_vec(v.clone()).unwrap());
-                }
-            });
-            t("value clone", &mut || {
-                for v in &vals {
-                    black_box(v.clone());
-                }
-            });
-            let nv = GenericDatumWriter::builder(&s.reader.schema)
-                .validate(false)
-                .build()
-                .unwrap();
-            t("apache write (no validate)", &mut || {
-                for v in &vals {
-                    black_box(nv.write_value_to_vec(v.clone()).unwrap());
-                }
-            });
-            let outs: Vec<_> = vals
-                .iter()
-                .map(|v| resolved_writer.write_value_to_vec(v.clone()).unwrap())
-                .collect();
-            t("our read reader", &mut || {
-                for d in &outs {
-                    black_box(read::decode(&s.reader.compiled, d).unwrap());
-                }
-            });
-        }
-    }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); NAMES.len()];
     for round in 0..rounds {
         let mut order: Vec<usize> = (0..NAMES.len()).collect();
