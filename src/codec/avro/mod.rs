@@ -111,9 +111,35 @@ enum Plan {
     /// Resolved from the writer's schema to the reader's, on their physical types.
     Resolve {
         writer: Arc<Writer>,
-        physical_writer: Box<Schema>,
-        physical_reader: Box<Schema>,
+        resolver: Box<Resolver>,
     },
+}
+
+/// apache-avro's resolving reader (writer schema to reader schema) and a writer of the
+/// reader schema, built once per writer schema id. They borrow their schemas for as long as
+/// they live, so the two physical schemas are leaked: once per distinct writer schema id a
+/// process meets with a reader schema, as the compiled schemas' field names are.
+struct Resolver {
+    read: GenericDatumReader<'static>,
+    write: GenericDatumWriter<'static>,
+}
+
+impl Resolver {
+    fn new(writer: &Schema, reader: &Schema) -> Result<Resolver, String> {
+        let writer: &'static Schema = Box::leak(Box::new(physical(writer)?));
+        let reader: &'static Schema = Box::leak(Box::new(physical(reader)?));
+        Ok(Resolver {
+            read: GenericDatumReader::builder(writer)
+                .reader_schema(reader)
+                .build()
+                .map_err(|e| e.to_string())?,
+            // The values it writes are the resolving reader's: valid by construction.
+            write: GenericDatumWriter::builder(reader)
+                .validate(false)
+                .build()
+                .map_err(|e| e.to_string())?,
+        })
+    }
 }
 
 /// `schema` without its logical types: what apache-avro resolves. Resolution is on the
@@ -177,12 +203,10 @@ impl AvroDecoder {
         })?;
         let plan = Arc::new(match &self.reader {
             Some(r) if r.canonical != writer.canonical => {
-                let twins = physical(&writer.schema).and_then(|w| Ok((w, physical(&r.schema)?)));
-                match twins {
-                    Ok((physical_writer, physical_reader)) => Plan::Resolve {
+                match Resolver::new(&writer.schema, &r.schema) {
+                    Ok(resolver) => Plan::Resolve {
                         writer,
-                        physical_writer: Box::new(physical_writer),
-                        physical_reader: Box::new(physical_reader),
+                        resolver: Box::new(resolver),
                     },
                     Err(e) => {
                         return Err(CodecError {
@@ -214,49 +238,44 @@ impl Decoder for AvroDecoder {
                 read::decode(&writer.compiled, datum)
                     .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?
             }
-            (
-                Plan::Resolve {
-                    writer,
-                    physical_writer,
-                    physical_reader,
-                },
-                Some(reader),
-            ) => resolve(
-                id,
-                writer,
-                (physical_writer, physical_reader),
-                reader,
-                datum,
-            )?,
+            (Plan::Resolve { writer, resolver }, Some(reader)) => {
+                resolve(id, writer, resolver, reader, datum)?
+            }
         };
         Ok(Value::Json(Some(doc)))
     }
 }
 
-/// Reads `datum` written with `writer` as `reader` says. The bytes are checked against the
-/// writer's schema first, so that corrupt bytes are `bad_avro` and only a datum the reader
-/// schema cannot take is a `schema_mismatch`.
+/// Reads `datum` written with `writer` as `reader` says. A datum apache-avro cannot resolve
+/// is read with the writer's schema alone to tell corrupt bytes (`bad_avro`) from a datum the
+/// reader schema cannot take (`schema_mismatch`).
 fn resolve<'a>(
     id: u32,
     writer: &Writer,
-    (physical_writer, physical_reader): (&Schema, &Schema),
+    resolver: &Resolver,
     reader: &Given,
     datum: &[u8],
 ) -> Result<Doc<'a>, CodecError> {
-    read::decode(&writer.compiled, datum).map_err(|e| bad_avro(format!("schema id {id}: {e}")))?;
     let mismatch = |e: String| CodecError {
         kind: ErrorKind::SchemaMismatch,
         message: format!("schema id {id} cannot be read with the input's reader schema: {e}"),
     };
-    let value = GenericDatumReader::builder(physical_writer)
-        .reader_schema(physical_reader)
-        .build()
-        .and_then(|r| r.read_value(&mut Cursor::new(datum)))
-        .map_err(|e| mismatch(e.to_string()))?;
+    let mut cursor = Cursor::new(datum);
+    let value = match resolver.read.read_value(&mut cursor) {
+        Ok(v) if cursor.position() as usize == datum.len() => v,
+        other => {
+            read::decode(&writer.compiled, datum)
+                .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?;
+            return Err(mismatch(match other {
+                Err(e) => e.to_string(),
+                Ok(_) => "the resolved datum ends early".into(),
+            }));
+        }
+    };
     // Written again with the reader's schema and read with it: one mapping to documents.
-    let resolved = GenericDatumWriter::builder(physical_reader)
-        .build()
-        .and_then(|w| w.write_value_to_vec(value))
+    let resolved = resolver
+        .write
+        .write_value_to_vec(value)
         .map_err(|e| mismatch(e.to_string()))?;
     read::decode(&reader.compiled, &resolved).map_err(mismatch)
 }

@@ -22,11 +22,15 @@ pub fn encode(schema: &Compiled, doc: &Doc<'_>, out: &mut Vec<u8>) -> Result<(),
                 record,
                 out,
                 1,
-                |name| {
-                    fields
-                        .iter()
-                        .find(|(k, _)| k.as_ref() == name)
-                        .map(|(_, f)| field_value(f))
+                |name, i| {
+                    // A decoded Avro record has its fields in schema order: look there first.
+                    match fields.get(i) {
+                        Some((k, f)) if k.as_ref() == name => Some(field_value(f)),
+                        _ => fields
+                            .iter()
+                            .find(|(k, _)| k.as_ref() == name)
+                            .map(|(_, f)| field_value(f)),
+                    }
                 },
                 fields.iter().map(|(k, _)| k.as_ref()),
             )
@@ -112,7 +116,7 @@ impl Writer<'_> {
         record: &Record,
         out: &mut Vec<u8>,
         depth: usize,
-        get: impl Fn(&str) -> Option<std::borrow::Cow<'v, Json>>,
+        get: impl Fn(&str, usize) -> Option<std::borrow::Cow<'v, Json>>,
         mut present: impl Iterator<Item = &'n str>,
     ) -> Result<(), WriteError> {
         // A field the schema does not have would be lost: refuse it rather than drop it.
@@ -123,8 +127,8 @@ impl Writer<'_> {
             ))
             .inside(extra));
         }
-        for f in &record.fields {
-            let written = match get(f.name) {
+        for (i, f) in record.fields.iter().enumerate() {
+            let written = match get(f.name, i) {
                 Some(v) => self.value(f.node, &v, out, depth),
                 None => match &f.default {
                     Some(d) => self.value(f.node, d, out, depth),
@@ -206,7 +210,7 @@ impl Writer<'_> {
                     r,
                     out,
                     depth + 1,
-                    |name| map.get(name).map(std::borrow::Cow::Borrowed),
+                    |name, _| map.get(name).map(std::borrow::Cow::Borrowed),
                     map.keys().map(String::as_str),
                 )?,
                 _ => return Err(bad()),
@@ -479,13 +483,17 @@ fn time_nanos(v: &Json) -> Option<i64> {
 fn timestamp_units(v: &Json, digits: u32, local: bool) -> Option<i64> {
     match v {
         Json::String(s) => {
-            let naive = match (local, s.strip_suffix('Z')) {
-                (true, _) => NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").ok()?,
-                // UTC as the reader writes it, years before 0 or after 9999 included.
-                (false, Some(utc)) => NaiveDateTime::parse_from_str(utc, "%Y-%m-%dT%H:%M:%S%.f")
+            let naive = if local {
+                NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f").ok()?
+            } else {
+                // RFC 3339 (fast); then the reader's own text for years before 0 or after 9999.
+                DateTime::parse_from_rfc3339(s)
+                    .map(|t| t.naive_utc())
                     .ok()
-                    .or_else(|| DateTime::parse_from_rfc3339(s).ok().map(|t| t.naive_utc()))?,
-                (false, None) => DateTime::parse_from_rfc3339(s).ok()?.naive_utc(),
+                    .or_else(|| {
+                        let utc = s.strip_suffix('Z')?;
+                        NaiveDateTime::parse_from_str(utc, "%Y-%m-%dT%H:%M:%S%.f").ok()
+                    })?
             };
             let t = naive.and_utc();
             let per_sec = 10i64.pow(digits);
