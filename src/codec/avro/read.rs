@@ -158,13 +158,15 @@ impl Reader<'_, '_> {
     }
 
     /// The item count of the next block of an array or map (0 at the end). A negative count is
-    /// followed by the block's size in bytes, which is skipped over as a length. Items that
+    /// followed by the block's size in bytes, read and ignored. Items that
     /// take at least a byte each cannot outnumber the bytes left; items of a zero-size type
     /// are bounded in all (`items_so_far` included).
     fn block(&mut self, items_so_far: u64, empty_items: bool) -> Result<u64, ReadError> {
         let count = self.long()?;
         let count = if count < 0 {
-            self.len()?;
+            // The block's size in bytes: only a hint for skipping, not checked against the
+            // items (Avro's Java and Rust readers ignore it too).
+            self.long()?;
             count.unsigned_abs()
         } else {
             count as u64
@@ -309,34 +311,30 @@ impl Reader<'_, '_> {
                 };
                 Json::String(text)
             }
+            // A value a logical type's text cannot show (a date or an instant beyond chrono's
+            // +-262,000 years, a time of day outside 0-24 h) is kept as its number: a good
+            // datum is never refused for it, and an output takes the number back.
             Node::Date => {
                 let days = self.int()?;
-                let date = NaiveDate::from_ymd_opt(1970, 1, 1)
+                NaiveDate::from_ymd_opt(1970, 1, 1)
                     .and_then(|d| d.checked_add_signed(chrono::Duration::days(days.into())))
-                    .ok_or_else(|| self.fail(format!("a date {days} days from 1970")))?;
-                Json::String(date.format("%Y-%m-%d").to_string())
+                    .map_or(Json::from(days), |date| {
+                        Json::String(date.format("%Y-%m-%d").to_string())
+                    })
             }
             Node::TimeMillis => {
                 let ms = self.int()?;
-                Json::String(
-                    time_text(i64::from(ms) * 1_000_000)
-                        .ok_or_else(|| self.fail(format!("a time of {ms} ms after midnight")))?,
-                )
+                time_text(i64::from(ms) * 1_000_000).map_or(Json::from(ms), Json::String)
             }
             Node::TimeMicros => {
                 let us = self.long()?;
-                Json::String(
-                    us.checked_mul(1000)
-                        .and_then(time_text)
-                        .ok_or_else(|| self.fail(format!("a time of {us} us after midnight")))?,
-                )
+                us.checked_mul(1000)
+                    .and_then(time_text)
+                    .map_or(Json::from(us), Json::String)
             }
             Node::Timestamp { digits, local } => {
                 let v = self.long()?;
-                Json::String(
-                    timestamp_text(v, *digits, *local)
-                        .ok_or_else(|| self.fail(format!("a timestamp of {v} out of range")))?,
-                )
+                timestamp_text(v, *digits, *local).map_or(Json::from(v), Json::String)
             }
             Node::Duration => {
                 let b = self.take(12)?;

@@ -183,6 +183,30 @@ fn logical_types_map_to_their_text_and_back() {
     );
 }
 
+#[test]
+fn a_logical_value_its_text_cannot_show_stays_a_number_both_ways() {
+    let text = r#"{"type":"record","name":"T","fields":[
+        {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
+        {"name":"time","type":{"type":"int","logicalType":"time-millis"}}]}"#;
+    let datum = reference_encode(
+        &schema(text),
+        Avro::Record(vec![
+            ("at".into(), Avro::TimestampMillis(87_707_076_674_976_555)),
+            ("time".into(), Avro::TimeMillis(-5)),
+        ]),
+    );
+    let compiled = Compiled::new(&schema(text)).unwrap();
+    let doc = read::decode(&compiled, &datum).unwrap();
+    assert_eq!(
+        doc.to_json(),
+        json!({"at": 87_707_076_674_976_555i64, "time": -5})
+    );
+    // Both go back as the numbers they were.
+    let mut back = Vec::new();
+    write::encode(&compiled, &doc, &mut back).unwrap();
+    assert_eq!(back, datum);
+}
+
 fn reader_schema_case(reader: &str) -> Result<Json, CodecError> {
     let v1 = r#"{"type":"record","name":"Order","fields":[
         {"name":"id","type":"int"},
