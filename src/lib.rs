@@ -48,6 +48,7 @@
 pub mod bench;
 pub mod cli;
 pub mod codec;
+pub mod deploy;
 pub mod dlq;
 pub mod engine;
 pub mod failpoints;

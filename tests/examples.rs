@@ -157,3 +157,30 @@ fn the_cli_validates_and_tests_an_example() {
         .expect("run validate");
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 problem(s)"));
 }
+
+#[test]
+fn the_kubernetes_example_is_what_deploy_render_makes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rendered = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .current_dir(root)
+        .args([
+            "deploy",
+            "render",
+            "topologies/orders.yaml",
+            "--replicas",
+            "3",
+        ])
+        .output()
+        .expect("deploy render");
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let committed = std::fs::read_to_string(root.join("deploy/k8s/orders.yaml")).expect("read");
+    assert_eq!(
+        String::from_utf8_lossy(&rendered.stdout),
+        committed,
+        "deploy/k8s/orders.yaml is not what `onceflow deploy render topologies/orders.yaml` makes: render it again"
+    );
+}

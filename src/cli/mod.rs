@@ -3,7 +3,9 @@
 
 #[cfg(feature = "bench")]
 mod bench;
+mod deploy;
 mod dlq;
+mod probe;
 mod run;
 mod test;
 mod validate;
@@ -48,6 +50,13 @@ enum Command {
     /// Run a topology's pipeline in-process over the records of a cases file (no broker) and
     /// compare every output with what the cases expect.
     Test(test::TestArgs),
+    /// Ask a running job's health endpoint; exit 0 on a 200 (the image's HEALTHCHECK).
+    Probe(probe::ProbeArgs),
+    /// Kubernetes manifests of a topology's job.
+    Deploy {
+        #[command(subcommand)]
+        command: deploy::DeployCommand,
+    },
     /// Measure throughput against partition count: the broker's produce/consume ceiling,
     /// onceflow at-least-once and exactly-once, and Kafka Streams exactly_once_v2, on one
     /// broker in one run. Writes bench.csv, bench.md and throughput.svg, prints the table.
@@ -64,6 +73,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Dlq { command } => dlq::run(command),
         Command::Validate(args) => validate::run(&args),
         Command::Test(args) => test::run(&args),
+        Command::Deploy { command } => deploy::run(command),
+        Command::Probe(args) => probe::run(&args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args),
     };

@@ -1,0 +1,350 @@
+//! `onceflow deploy render`: the Kubernetes manifests of one job per topology, derived from
+//! the topology itself. Pure: a topology (and the text and files it was read from) in,
+//! manifest documents out.
+//!
+//! * a StatefulSet: the pod name is the instance id, stable across restarts, so a restarted
+//!   pod fences its own zombie (same `transactional.id`) and static membership hands its
+//!   partitions back without a rebalance; `terminationGracePeriodSeconds` is the job's own
+//!   stop grace ([`crate::supervise::stop_grace`]) plus a margin, so Kubernetes never
+//!   SIGKILLs a stop that is committing;
+//! * a ConfigMap with the topology file and the schema files it names;
+//! * a headless Service (the StatefulSet's) and a metrics Service;
+//! * a PodDisruptionBudget of one pod at a time;
+//! * every `${VAR}` of the topology and every `url_env` it names, from a Secret named
+//!   `<job>-env` (a variable with a default is optional there).
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value as Json, json};
+
+use crate::topology::Topology;
+use crate::topology::env::{self, Strictness};
+
+/// What the manifests are made for.
+#[derive(Debug, Clone)]
+pub struct RenderOptions {
+    pub replicas: u32,
+    pub image: String,
+    pub namespace: Option<String>,
+    /// `ONCEFLOW_BOOTSTRAP_SERVERS` of the pods.
+    pub bootstrap_servers: String,
+}
+
+/// The port of `/metrics`, `/healthz` and `/readyz` in the pods.
+pub const METRICS_PORT: u16 = 9090;
+
+/// Where the ConfigMap is mounted.
+const CONFIG_DIR: &str = "/etc/onceflow/job";
+
+/// Resource requests, from the benchmark (docs/benchmarks.md): exactly-once used 143-176 MiB
+/// of RSS from 1 to 64 partitions and 4.5-7.5 us of CPU per record, so about half a core at
+/// the 86,000 records/s one instance reached on a 2-core machine. The memory limit leaves
+/// room for the producer's and consumer's queues at their defaults.
+const CPU_REQUEST: &str = "500m";
+const MEMORY_REQUEST: &str = "256Mi";
+const MEMORY_LIMIT: &str = "512Mi";
+
+/// The job's name as a Kubernetes object name (DNS-1123: lower case, `-` for `_` and `.`).
+pub fn object_name(topology_name: &str) -> Result<String, String> {
+    let name: String = topology_name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let name = name.trim_matches('-').to_string();
+    // Pod names append `-<ordinal>`, and the controller a revision hash to the StatefulSet's.
+    if name.is_empty() || name.len() > 52 {
+        return Err(format!(
+            "the topology name `{topology_name}` does not make a Kubernetes name of 1-52 characters"
+        ));
+    }
+    Ok(name)
+}
+
+/// The variables the pods need: every `${VAR}` of `text` (with whether it has a default),
+/// and every `url_env` of the topology.
+pub fn variables(topology: &Topology, text: &str) -> Vec<(String, bool)> {
+    let seen = std::cell::RefCell::new(BTreeSet::new());
+    let (_, issues) = env::interpolate(
+        text,
+        &|name| {
+            seen.borrow_mut().insert(name.to_string());
+            None
+        },
+        Strictness::Strict,
+    );
+    // Without a value, a variable without default is an issue; with a default it is not.
+    let required: BTreeSet<String> = issues.into_iter().map(|i| i.variable).collect();
+    let mut out: Vec<(String, bool)> = seen
+        .into_inner()
+        .into_iter()
+        .map(|n| {
+            let optional = !required.contains(&n);
+            (n, optional)
+        })
+        .collect();
+    let mut url_envs: Vec<String> = Vec::new();
+    for input in &topology.inputs {
+        if let Some(o) = &input.postgres_outbox {
+            url_envs.push(o.url_env.clone());
+        }
+    }
+    for output in &topology.outputs {
+        if let Some(p) = &output.postgres {
+            url_envs.push(p.url_env.clone());
+        }
+        if let Some(crate::topology::http::Dedup::Postgres(pg)) =
+            output.http.as_ref().and_then(|h| h.dedup.as_ref())
+        {
+            url_envs.push(pg.url_env.clone());
+        }
+    }
+    for name in url_envs {
+        if !out.iter().any(|(n, _)| *n == name) {
+            out.push((name, false));
+        }
+    }
+    out
+}
+
+/// The schema files the topology names (paths relative to it), for the ConfigMap.
+pub fn schema_files(topology: &Topology) -> Vec<String> {
+    let mut files = BTreeSet::new();
+    for input in &topology.inputs {
+        if let Some(f) = input
+            .avro
+            .as_ref()
+            .and_then(|a| a.reader_schema_file.clone())
+        {
+            files.insert(f);
+        }
+    }
+    for output in &topology.outputs {
+        for a in [&output.avro, &output.key_avro].into_iter().flatten() {
+            if let Some(f) = &a.schema_file {
+                files.insert(f.clone());
+            }
+        }
+    }
+    files.into_iter().collect()
+}
+
+/// A ConfigMap key for a file path (keys cannot hold `/`).
+fn key_of(path: &str) -> String {
+    path.replace('/', "__")
+}
+
+/// The manifests of `topology`, read from `file_name` with `text`; `files` are the schema
+/// files it names, with their contents.
+pub fn render(
+    topology: &Topology,
+    file_name: &str,
+    text: &str,
+    files: &[(String, String)],
+    options: &RenderOptions,
+) -> Result<Vec<Json>, String> {
+    let name = object_name(&topology.name)?;
+    let labels = json!({
+        "app.kubernetes.io/name": "onceflow",
+        "app.kubernetes.io/instance": name,
+    });
+    let metadata = |object: &str| {
+        let mut m = json!({ "name": object, "labels": labels });
+        if let Some(ns) = &options.namespace {
+            m["namespace"] = json!(ns);
+        }
+        m
+    };
+    let grace = crate::supervise::stop_grace(topology).as_secs() + 15;
+    let mut data = serde_json::Map::new();
+    data.insert(file_name.to_string(), json!(text));
+    let mut items = vec![json!({ "key": file_name, "path": file_name })];
+    for (path, content) in files {
+        data.insert(key_of(path), json!(content));
+        items.push(json!({ "key": key_of(path), "path": path }));
+    }
+    let secret = format!("{name}-env");
+    let mut env = vec![
+        json!({ "name": "ONCEFLOW_INSTANCE_ID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
+        json!({ "name": "ONCEFLOW_BOOTSTRAP_SERVERS", "value": options.bootstrap_servers }),
+        json!({ "name": "ONCEFLOW_METRICS_ADDR", "value": format!("0.0.0.0:{METRICS_PORT}") }),
+        json!({ "name": "ONCEFLOW_LOG_JSON", "value": "true" }),
+    ];
+    for (var, optional) in variables(topology, text) {
+        env.push(json!({
+            "name": var,
+            "valueFrom": { "secretKeyRef": { "name": secret, "key": var, "optional": optional } },
+        }));
+    }
+    let selector = json!({ "matchLabels": labels });
+    let config_map = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(&format!("{name}-topology")),
+        "data": data,
+    });
+    let stateful_set = json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(&name),
+        "spec": {
+            "serviceName": name,
+            "replicas": options.replicas,
+            // Instances are peers: start and stop them together, not one after the other.
+            "podManagementPolicy": "Parallel",
+            "selector": selector,
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": METRICS_PORT.to_string(),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001 },
+                    "containers": [{
+                        "name": "onceflow",
+                        "image": options.image,
+                        "args": ["run", format!("{CONFIG_DIR}/{file_name}")],
+                        "env": env,
+                        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT }],
+                        "livenessProbe": {
+                            "httpGet": { "path": "/healthz", "port": "metrics" },
+                            "periodSeconds": 10,
+                            "failureThreshold": 3,
+                        },
+                        "readinessProbe": {
+                            "httpGet": { "path": "/readyz", "port": "metrics" },
+                            "periodSeconds": 5,
+                            "failureThreshold": 3,
+                        },
+                        "resources": {
+                            "requests": { "cpu": CPU_REQUEST, "memory": MEMORY_REQUEST },
+                            "limits": { "memory": MEMORY_LIMIT },
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": { "drop": ["ALL"] },
+                        },
+                        "volumeMounts": [{ "name": "job", "mountPath": CONFIG_DIR, "readOnly": true }],
+                    }],
+                    "volumes": [{
+                        "name": "job",
+                        "configMap": { "name": format!("{name}-topology"), "items": items },
+                    }],
+                },
+            },
+        },
+    });
+    let headless = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(&name),
+        "spec": {
+            "clusterIP": "None",
+            "selector": labels,
+            "ports": [{ "name": "metrics", "port": METRICS_PORT, "targetPort": "metrics" }],
+        },
+    });
+    let metrics = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(&format!("{name}-metrics")),
+        "spec": {
+            "selector": labels,
+            "ports": [{ "name": "metrics", "port": METRICS_PORT, "targetPort": "metrics" }],
+        },
+    });
+    let budget = json!({
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(&name),
+        "spec": { "maxUnavailable": 1, "selector": selector },
+    });
+    Ok(vec![config_map, stateful_set, headless, metrics, budget])
+}
+
+/// The documents as one YAML stream, with a header saying how they were made.
+pub fn to_yaml(documents: &[Json], command: &str) -> Result<String, String> {
+    let mut out = format!(
+        "# Generated by `{command}`: edit the topology (or the options) and render again.\n"
+    );
+    for d in documents {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(d).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(yaml: &str) -> Topology {
+        Topology::parse_unchecked(yaml).unwrap()
+    }
+
+    #[test]
+    fn names_become_kubernetes_names() {
+        assert_eq!(object_name("Orders_By.Status").unwrap(), "orders-by-status");
+        assert!(object_name("___").is_err());
+        assert!(object_name(&"a".repeat(60)).is_err());
+    }
+
+    #[test]
+    fn every_variable_and_url_env_comes_from_the_secret() {
+        let text = "name: ${JOB:-j}\ninputs: [{topic: '${IN}'}]\noutputs:\n  - name: db\n    postgres: {url_env: ORDERS_DB_URL, table: t, id_columns: [id], columns: {id: 'value.id'}}\n";
+        let t = topology(text);
+        assert_eq!(
+            variables(&t, text),
+            vec![
+                ("IN".to_string(), false),
+                ("JOB".to_string(), true),
+                ("ORDERS_DB_URL".to_string(), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_grace_period_outlasts_the_jobs_own_stop() {
+        let text = "name: j\ninputs: [{topic: a}]\noutputs: [{topic: b}]\nruntime: {transaction_timeout_ms: 30000}\n";
+        let t = topology(text);
+        let options = RenderOptions {
+            replicas: 3,
+            image: "onceflow:1".into(),
+            namespace: Some("streams".into()),
+            bootstrap_servers: "kafka:9092".into(),
+        };
+        let docs = render(&t, "j.yaml", text, &[], &options).unwrap();
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ConfigMap",
+                "StatefulSet",
+                "Service",
+                "Service",
+                "PodDisruptionBudget"
+            ]
+        );
+        let pod = &docs[1]["spec"]["template"]["spec"];
+        // The job gives up its stop after 2 x 30 s; Kubernetes waits 15 s more.
+        assert_eq!(pod["terminationGracePeriodSeconds"], 75);
+        assert_eq!(docs[1]["spec"]["replicas"], 3);
+        assert_eq!(docs[1]["metadata"]["namespace"], "streams");
+        assert_eq!(
+            pod["containers"][0]["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.name"
+        );
+        assert_eq!(docs[0]["data"]["j.yaml"], text);
+        assert!(
+            to_yaml(&docs, "onceflow deploy render j.yaml")
+                .unwrap()
+                .contains("kind: PodDisruptionBudget")
+        );
+    }
+}
