@@ -144,6 +144,45 @@ pub fn run(
             EngineError::from(e)
         });
     }
+    // Under the KIP-848 group protocol a member that joins with the instance id of a member
+    // whose session has not expired yet (this instance's previous incarnation, killed a moment
+    // ago) is refused with UNRELEASED_INSTANCE_ID, a fatal error of the consumer: join again
+    // with a new one until the old session expires. Only a job that has consumed nothing
+    // yet: one refused after consuming is a woken zombie whose place was taken, and stops.
+    let deadline = Instant::now() + INSTANCE_ID_WAIT;
+    loop {
+        let mut consumed = 0;
+        match run_once(topology, identity, options, shutdown, &mut consumed) {
+            Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::UnreleasedInstanceId))
+                if consumed == 0
+                    && Instant::now() < deadline
+                    && !shutdown.load(Ordering::Relaxed) =>
+            {
+                telemetry::instance_id_held(&code, INSTANCE_ID_RETRY);
+                std::thread::sleep(INSTANCE_ID_RETRY);
+            }
+            Err(e) => {
+                telemetry::fatal(&e);
+                return Err(e);
+            }
+            ok => return ok,
+        }
+    }
+}
+
+/// How long a job refused for an instance id still held waits for it, in all: longer than
+/// any session timeout of a previous incarnation (the broker's default is 45 s).
+const INSTANCE_ID_WAIT: Duration = Duration::from_secs(120);
+const INSTANCE_ID_RETRY: Duration = Duration::from_secs(2);
+
+/// One incarnation of the job; `consumed` says how many records it consumed.
+fn run_once(
+    topology: &Topology,
+    identity: &Identity,
+    options: &RunOptions,
+    shutdown: &AtomicBool,
+    consumed: &mut u64,
+) -> Result<Summary, EngineError> {
     let started = Instant::now();
     let _job_span = tracing::info_span!("job", topology = %topology.name).entered();
     let (consumer, txn) = connect(topology, identity, options)?;
@@ -162,6 +201,7 @@ pub fn run(
         &inputs,
     );
     let result = job.run_loop(&consumer, shutdown);
+    *consumed = job.consumed;
     // Commit what is in flight on a clean stop; on an error, abort it (best effort: a
     // fenced producer cannot abort, and the broker aborts it on timeout or when the
     // transactional.id is next initialised).
@@ -178,10 +218,7 @@ pub fn run(
         }
     };
     let stats = lock(&txn).stats().clone();
-    if let Err(e) = result.and(finish) {
-        telemetry::fatal(&e);
-        return Err(e);
-    }
+    result.and(finish)?;
     drop(consumer);
     Ok(Summary {
         txn: stats,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use rdkafka::ClientConfig;
 
-use crate::topology::{Guarantee, Topology};
+use crate::topology::{GroupProtocol, Guarantee, Topology};
 
 /// Who this process is: the same topology and instance id after a restart means the same
 /// transactional.id, so the restarted producer fences its previous incarnation.
@@ -26,18 +26,28 @@ fn apply(config: &mut ClientConfig, settings: &BTreeMap<String, String>) {
     }
 }
 
-/// The consumer: read_committed, no auto-commit, cooperative-sticky assignment.
+/// The consumer: read_committed, no auto-commit, cooperative-sticky assignment (or the
+/// KIP-848 protocol's, assigned by the broker).
 ///
 /// cooperative-sticky moves only the partitions that must move on a rebalance, so the other
 /// partitions keep flowing and their open transaction is committed, not thrown away.
 pub fn consumer_config(topology: &Topology, id: &Identity) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set(
-            "session.timeout.ms",
-            topology.runtime.session_timeout_ms.to_string(),
-        );
+    c.set("auto.offset.reset", "earliest");
+    match topology.runtime.group_protocol {
+        GroupProtocol::Classic => {
+            c.set("partition.assignment.strategy", "cooperative-sticky")
+                .set(
+                    "session.timeout.ms",
+                    topology.runtime.session_timeout_ms.to_string(),
+                );
+        }
+        // KIP-848: assignment and session timeout are the broker's (librdkafka refuses both
+        // settings); assignments change incrementally, as cooperative-sticky's do.
+        GroupProtocol::Consumer => {
+            c.set("group.protocol", "consumer");
+        }
+    }
     apply(&mut c, &topology.kafka.common);
     apply(&mut c, &topology.kafka.consumer);
     c.set("bootstrap.servers", &id.bootstrap_servers)
@@ -152,5 +162,22 @@ mod tests {
     fn static_membership_can_be_turned_off() {
         let t = topology("runtime: {static_membership: false}\n");
         assert_eq!(consumer_config(&t, &id()).get("group.instance.id"), None);
+    }
+
+    #[test]
+    fn the_consumer_protocol_leaves_assignment_and_session_to_the_broker() {
+        let classic = consumer_config(&topology(""), &id());
+        assert_eq!(
+            classic.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(classic.get("group.protocol"), None);
+        let t = topology("runtime: {group_protocol: consumer}\n");
+        let c = consumer_config(&t, &id());
+        assert_eq!(c.get("group.protocol"), Some("consumer"));
+        // librdkafka refuses both with group.protocol=consumer.
+        assert_eq!(c.get("partition.assignment.strategy"), None);
+        assert_eq!(c.get("session.timeout.ms"), None);
+        assert!(c.create_native_config().is_ok());
     }
 }

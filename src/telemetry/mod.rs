@@ -82,6 +82,14 @@ pub fn consumer_fenced(error: &dyn std::fmt::Display) {
     error!(%error, "consumer fenced: another instance took over this group.instance.id");
 }
 
+pub fn instance_id_held(error: &dyn std::fmt::Display, retry_in: std::time::Duration) {
+    warn!(
+        %error,
+        retry_in_ms = retry_in.as_millis() as u64,
+        "this instance id is still held by a previous member of the group (its session has not expired): joining again"
+    );
+}
+
 pub fn fatal(error: &dyn std::fmt::Display) {
     error!(%error, "fatal error; the job stops");
 }

@@ -354,6 +354,22 @@ pub struct Runtime {
     /// that are idempotent anyway.
     #[serde(default)]
     pub guarantee: Guarantee,
+    /// The consumer group protocol: `classic` (default; cooperative-sticky assignment,
+    /// `session_timeout_ms` from here) or `consumer` (KIP-848, brokers 4.0+: the broker
+    /// assigns partitions and owns the session timeout, `group.consumer.session.timeout.ms`;
+    /// with static membership a second member with a live member's instance id is refused,
+    /// instead of fencing the first).
+    #[serde(default)]
+    pub group_protocol: GroupProtocol,
+}
+
+/// The consumer group protocol of a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupProtocol {
+    #[default]
+    Classic,
+    Consumer,
 }
 
 /// The delivery guarantee of a job.
@@ -403,6 +419,7 @@ impl Default for Runtime {
             static_membership: default_static_membership(),
             session_timeout_ms: default_session_timeout_ms(),
             guarantee: Guarantee::default(),
+            group_protocol: GroupProtocol::default(),
             on_error: OnError::default(),
             max_attempts: default_max_attempts(),
             on_exhausted: OnExhausted::default(),

@@ -342,10 +342,18 @@ pub fn topology_file(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// The consumer group protocol the tests' jobs use: `ONCEFLOW_TEST_GROUP_PROTOCOL`
+/// (`classic` by default, or `consumer`: `scripts/test` runs the exactly-once and crash tests
+/// under both).
+pub fn group_protocol() -> String {
+    std::env::var("ONCEFLOW_TEST_GROUP_PROTOCOL").unwrap_or_else(|_| "classic".into())
+}
+
 /// A topology file for a pass-through job from `input` to `output`.
 pub fn topology_yaml(name: &str, input: &str, output: &str, extra_runtime: &str) -> String {
     format!(
-        "name: {name}\ninputs:\n  - topic: {input}\npipeline:\n  - set_header: {{name: processed-by, value: onceflow}}\noutputs:\n  - topic: {output}\nruntime:\n  session_timeout_ms: 10000\n{extra_runtime}"
+        "name: {name}\ninputs:\n  - topic: {input}\npipeline:\n  - set_header: {{name: processed-by, value: onceflow}}\noutputs:\n  - topic: {output}\nruntime:\n  session_timeout_ms: 10000\n  group_protocol: {}\n{extra_runtime}",
+        group_protocol()
     )
 }
 
