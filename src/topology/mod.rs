@@ -577,59 +577,36 @@ impl Topology {
             }
         }
         for (o, output) in self.outputs.iter().enumerate() {
-            let avro = output.codec == Some(Codec::Avro);
-            uses_avro |= avro;
-            match (&output.avro, avro) {
-                (Some(_), false) => issue(
-                    format!("outputs[{o}].avro"),
-                    "is for `codec: avro` outputs only",
-                ),
-                (None, true) => issue(
-                    format!("outputs[{o}].avro"),
-                    "an Avro output needs its schema: `avro: {schema: ...}` or `avro: {schema_file: ...}`",
-                ),
-                (Some(a), true) => {
-                    if a.schema.is_some() == a.schema_file.is_some() {
-                        issue(
-                            format!("outputs[{o}].avro"),
-                            "needs exactly one of `schema` and `schema_file`",
-                        );
+            for (codec, settings, field, codec_field) in [
+                (output.codec, &output.avro, "avro", "codec"),
+                (output.key_codec, &output.key_avro, "key_avro", "key_codec"),
+            ] {
+                let avro = codec == Some(Codec::Avro);
+                uses_avro |= avro;
+                let at = format!("outputs[{o}].{field}");
+                match (settings, avro) {
+                    (Some(_), false) => {
+                        issue(at, &format!("is for `{codec_field}: avro` outputs only"))
                     }
-                    if output.topic.is_none() {
-                        issue(
-                            format!("outputs[{o}].codec"),
-                            "`avro` is for Kafka topic outputs",
-                        );
+                    (None, true) => issue(
+                        at,
+                        &format!(
+                            "Avro needs its schema: `{field}: {{schema: ...}}` or `{field}: {{schema_file: ...}}`"
+                        ),
+                    ),
+                    (Some(a), true) => {
+                        if a.schema.is_some() == a.schema_file.is_some() {
+                            issue(at, "needs exactly one of `schema` and `schema_file`");
+                        }
+                        if output.topic.is_none() {
+                            issue(
+                                format!("outputs[{o}].{codec_field}"),
+                                "`avro` is for Kafka topic outputs",
+                            );
+                        }
                     }
+                    (None, false) => {}
                 }
-                (None, false) => {}
-            }
-            let avro_key = output.key_codec == Some(Codec::Avro);
-            uses_avro |= avro_key;
-            match (&output.key_avro, avro_key) {
-                (Some(_), false) => issue(
-                    format!("outputs[{o}].key_avro"),
-                    "is for `key_codec: avro` outputs only",
-                ),
-                (None, true) => issue(
-                    format!("outputs[{o}].key_avro"),
-                    "an Avro key needs its schema: `key_avro: {schema: ...}` or `key_avro: {schema_file: ...}`",
-                ),
-                (Some(a), true) => {
-                    if a.schema.is_some() == a.schema_file.is_some() {
-                        issue(
-                            format!("outputs[{o}].key_avro"),
-                            "needs exactly one of `schema` and `schema_file`",
-                        );
-                    }
-                    if output.topic.is_none() {
-                        issue(
-                            format!("outputs[{o}].key_codec"),
-                            "`avro` is for Kafka topic outputs",
-                        );
-                    }
-                }
-                (None, false) => {}
             }
         }
         match &self.schema_registry {
@@ -1408,5 +1385,42 @@ mod postgres_tests {
         );
         let err = Topology::parse(&text, "t.yaml").unwrap_err().to_string();
         assert!(err.contains("outputs[1].name"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod avro_tests {
+    use super::*;
+
+    fn issues(yaml: &str) -> Vec<(String, String)> {
+        Topology::parse_unchecked(yaml)
+            .unwrap()
+            .validate()
+            .into_iter()
+            .map(|i| (i.path, i.message))
+            .collect()
+    }
+
+    #[test]
+    fn avro_settings_are_checked_where_they_are_written() {
+        let found = issues(
+            "name: t\ninputs: [{topic: in, codec: json, avro: {}}]\noutputs:\n  - {topic: a, codec: avro}\n  - {topic: b, key_avro: {schema: '\"string\"'}}\n  - {name: db, postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}, codec: avro, avro: {schema: '\"string\"', schema_file: x.avsc}}\n",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        for expected in [
+            "inputs[0].avro",
+            "outputs[0].avro",
+            "outputs[1].key_avro",
+            "outputs[2].avro",
+            "outputs[2].codec",
+            "schema_registry",
+        ] {
+            assert!(paths.contains(&expected), "{expected} not in {found:?}");
+        }
+        let registry = issues(
+            "name: t\nschema_registry: {url: 'registry:8081', password: p}\ninputs: [{topic: in, codec: avro}]\noutputs: [{topic: out}]\n",
+        );
+        let paths: Vec<&str> = registry.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, ["schema_registry.url", "schema_registry.password"]);
     }
 }
