@@ -797,12 +797,12 @@ impl Topology {
     /// Checks of the pipeline that need no expression compiled: JSON-only processors on raw
     /// inputs, `route` placement, and the wiring of routes to outputs.
     fn validate_pipeline(&self, issue: &mut dyn FnMut(String, &str)) {
-        let json_inputs = self.json_inputs();
+        let document_inputs = self.document_inputs();
         let mut routed: BTreeSet<&str> = BTreeSet::new();
         let mut routes = 0;
         for (i, p) in self.pipeline.iter().enumerate() {
             let here = format!("pipeline[{i}].{}", p.kind());
-            if p.needs_json() && !json_inputs {
+            if p.needs_json() && !document_inputs {
                 issue(
                     here.clone(),
                     "works on JSON values: set `codec: json` on every input",
@@ -905,7 +905,7 @@ impl Topology {
     }
 
     /// Whether every input is decoded to a document (JSON or Avro).
-    pub fn json_inputs(&self) -> bool {
+    pub fn document_inputs(&self) -> bool {
         !self.inputs.is_empty()
             && self
                 .inputs
@@ -919,7 +919,7 @@ impl Topology {
         self.outputs
             .get(index)
             .and_then(|o| o.codec)
-            .unwrap_or(if self.json_inputs() {
+            .unwrap_or(if self.document_inputs() {
                 Codec::Json
             } else {
                 Codec::Raw

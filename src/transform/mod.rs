@@ -204,7 +204,13 @@ impl Pipeline {
             stage: Stage::Decode,
             message: e.message,
         })?;
-        let key_doc = match self.key_decoders.get(&record.origin.topic) {
+        // Most jobs decode no key: no look-up by topic for them.
+        let key_decoder = if self.key_decoders.is_empty() {
+            None
+        } else {
+            self.key_decoders.get(&record.origin.topic)
+        };
+        let key_doc = match key_decoder {
             None => None,
             Some(decoder) => match decoder.decode(record.key.as_deref()) {
                 Ok(Value::Json(Some(doc))) => Some(doc.to_json()),

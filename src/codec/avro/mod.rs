@@ -111,6 +111,7 @@ enum Plan {
     /// Resolved from the writer's schema to the reader's, on their physical types.
     Resolve {
         writer: Arc<Writer>,
+        reader: Arc<Given>,
         resolver: Box<Resolver>,
     },
 }
@@ -206,6 +207,7 @@ impl AvroDecoder {
                 match Resolver::new(&writer.schema, &r.schema) {
                     Ok(resolver) => Plan::Resolve {
                         writer,
+                        reader: Arc::clone(r),
                         resolver: Box::new(resolver),
                     },
                     Err(e) => {
@@ -233,14 +235,14 @@ impl Decoder for AvroDecoder {
         };
         let (id, datum) = split_header(bytes)?;
         let plan = self.plan(id)?;
-        let doc = match (&*plan, &self.reader) {
-            (Plan::Direct(writer), _) | (Plan::Resolve { writer, .. }, None) => {
-                read::decode(&writer.compiled, datum)
-                    .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?
-            }
-            (Plan::Resolve { writer, resolver }, Some(reader)) => {
-                resolve(id, writer, resolver, reader, datum)?
-            }
+        let doc = match &*plan {
+            Plan::Direct(writer) => read::decode(&writer.compiled, datum)
+                .map_err(|e| bad_avro(format!("schema id {id}: {e}")))?,
+            Plan::Resolve {
+                writer,
+                reader,
+                resolver,
+            } => resolve(id, writer, resolver, reader, datum)?,
         };
         Ok(Value::Json(Some(doc)))
     }

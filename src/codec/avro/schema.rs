@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use apache_avro::Schema;
-use apache_avro::schema::{InnerDecimalSchema, Name, UuidSchema};
+use apache_avro::schema::{InnerDecimalSchema, UuidSchema};
 use serde_json::Value as Json;
 
 /// One type of a compiled schema.
@@ -110,14 +110,6 @@ impl Compiled {
         &self.nodes[index]
     }
 
-    /// The root record's fields (`None` when the root is not a record).
-    pub fn root_record(&self) -> Option<&Record> {
-        match self.node(ROOT) {
-            Node::Record(r) => Some(r),
-            _ => None,
-        }
-    }
-
     /// A short description of a node for messages: `long`, `record Order`, `union [null, string]`.
     pub fn describe(&self, index: usize) -> String {
         match self.node(index) {
@@ -208,7 +200,7 @@ impl Compiler {
                 Node::Union { branches, null }
             }
             Schema::Record(r) => {
-                let full = full_name(&r.name, namespace);
+                let full = r.name.fullname(namespace);
                 self.names.insert(full.clone(), index);
                 let inner = r.name.namespace().or(namespace).map(str::to_string);
                 let mut fields = Vec::new();
@@ -229,7 +221,7 @@ impl Compiler {
                 Node::Record(Record { name: full, fields })
             }
             Schema::Enum(e) => {
-                let full = full_name(&e.name, namespace);
+                let full = e.name.fullname(namespace);
                 self.names.insert(full.clone(), index);
                 Node::Enum {
                     name: full,
@@ -237,7 +229,7 @@ impl Compiler {
                 }
             }
             Schema::Fixed(f) => {
-                let full = full_name(&f.name, namespace);
+                let full = f.name.fullname(namespace);
                 self.names.insert(full.clone(), index);
                 Node::Fixed {
                     name: full,
@@ -289,7 +281,7 @@ impl Compiler {
             Schema::Ref { name } => {
                 // The reference itself is not a node: drop the placeholder.
                 self.nodes.pop();
-                let full = full_name(name, namespace);
+                let full = name.fullname(namespace);
                 return self.names.get(&full).copied().ok_or_else(|| {
                     format!("the schema refers to `{full}`, which it does not define")
                 });
@@ -326,10 +318,6 @@ impl Compiler {
     }
 }
 
-fn full_name(name: &Name, enclosing: Option<&str>) -> String {
-    name.fullname(enclosing)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,7 +331,9 @@ mod tests {
         )
         .unwrap();
         let c = Compiled::new(&schema).unwrap();
-        let root = c.root_record().unwrap();
+        let Node::Record(root) = c.node(ROOT) else {
+            panic!("{:?}", c.nodes)
+        };
         assert_eq!(root.name, "n.List");
         let Node::Union { branches, null } = c.node(root.fields[1].node) else {
             panic!("{:?}", c.nodes)

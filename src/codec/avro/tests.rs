@@ -403,24 +403,20 @@ fn a_record_that_does_not_fit_the_output_schema_names_the_field_path() {
 
 // --- The property test: random and mutated bytes --------------------------------------------
 
-/// `ORDER` with its array and map last: containers followed by few bytes, or none.
-pub const ORDER_TAIL: &str = r#"{
-  "type": "record", "name": "Order", "namespace": "shop",
-  "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "customer", "type": "string"},
-    {"name": "amount", "type": "double"},
-    {"name": "quantity", "type": "int"},
-    {"name": "paid", "type": "boolean"},
-    {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
-    {"name": "coupon", "type": ["null", "string"], "default": null},
-    {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-    {"name": "attributes", "type": {"type": "map", "values": "long"}},
-    {"name": "tags", "type": {"type": "array", "items": "string"}}
-  ]
-}"#;
+/// `ORDER` with its map and array last (in that order): containers followed by few bytes,
+/// or none.
+fn order_tail() -> String {
+    let mut json: Json = serde_json::from_str(ORDER).unwrap();
+    let fields = json["fields"].as_array_mut().unwrap();
+    for name in ["attributes", "tags"] {
+        let at = fields.iter().position(|f| f["name"] == name).unwrap();
+        let field = fields.remove(at);
+        fields.push(field);
+    }
+    json.to_string()
+}
 
-/// `value` (a record of `ORDER`'s fields) with its fields in the order of `ORDER_TAIL`.
+/// `value` (a record of `ORDER`'s fields) with its fields in the order of [`order_tail`].
 fn tail_order(value: Avro) -> Avro {
     let Avro::Record(mut fields) = value else {
         return value;
@@ -518,7 +514,7 @@ fn random_bytes(rng: &mut impl Rng, s: &Schema, tail: bool) -> Vec<u8> {
 /// apache-avro's reader: it accepts exactly the datums apache-avro reads in full (and not a
 /// byte more), and the value it reads, written back, is apache-avro's value.
 pub fn property_run(cases: u64, seed: u64) -> (u64, u64) {
-    let schemas: Vec<(Schema, Compiled, Given)> = [ORDER, ORDER_TAIL]
+    let schemas: Vec<(Schema, Compiled, Given)> = [ORDER.to_string(), order_tail()]
         .iter()
         .map(|text| {
             let s = schema(text);
