@@ -50,6 +50,7 @@ pub mod cli;
 pub mod codec;
 pub mod deploy;
 pub mod dlq;
+pub mod doctor;
 pub mod engine;
 pub mod failpoints;
 pub mod histogram;

@@ -8,6 +8,7 @@ mod dlq;
 mod probe;
 mod run;
 mod test;
+mod txn;
 mod validate;
 
 use std::path::Path;
@@ -52,6 +53,11 @@ enum Command {
     Test(test::TestArgs),
     /// Ask a running job's health endpoint; exit 0 on a 200 (the image's HEALTHCHECK).
     Probe(probe::ProbeArgs),
+    /// Transactions as the brokers see them: `txn doctor` finds hanging ones and ends them.
+    Txn {
+        #[command(subcommand)]
+        command: txn::TxnCommand,
+    },
     /// Kubernetes manifests of a topology's job.
     Deploy {
         #[command(subcommand)]
@@ -73,6 +79,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Dlq { command } => dlq::run(command),
         Command::Validate(args) => validate::run(&args),
         Command::Test(args) => test::run(&args),
+        Command::Txn { command } => txn::run(command),
         Command::Deploy { command } => deploy::run(command),
         Command::Probe(args) => probe::run(&args),
         #[cfg(feature = "bench")]

@@ -9,6 +9,8 @@ pub mod clients;
 pub mod embedded;
 pub mod read;
 pub mod send;
+pub mod transactions;
+pub mod wire;
 
 use rdkafka::ClientConfig;
 

@@ -1,0 +1,358 @@
+//! `onceflow txn doctor` against the real broker: a foreign producer (a child process, not
+//! onceflow) is SIGKILLed in the middle of a transaction whose id is never used again. Its
+//! partition's last stable offset stops: a read_committed reader stalls below the high
+//! watermark with no error. The doctor must find it, `--abort` must end it, the reader must
+//! then reach the high watermark, and the aborted records must stay invisible.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+const ABORTED: std::ops::Range<u64> = 1000..1010;
+const BEFORE: std::ops::Range<u64> = 0..10;
+const AFTER: std::ops::Range<u64> = 2000..2010;
+
+/// The foreign producer: opens a transaction with a long timeout, writes [`ABORTED`] to
+/// partition 0, says `open` on stdout and waits to be killed.
+#[test]
+#[ignore = "the foreign producer of the doctor tests, run by them as a child process"]
+fn foreign_producer_child() {
+    let (Ok(topic), Ok(id)) = (
+        std::env::var("ONCEFLOW_DOCTOR_TOPIC"),
+        std::env::var("ONCEFLOW_DOCTOR_TXN_ID"),
+    ) else {
+        return;
+    };
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", &id)
+        .set("transaction.timeout.ms", "600000")
+        .create()
+        .expect("producer");
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .expect("init");
+    producer.begin_transaction().expect("begin");
+    for i in ABORTED {
+        let key = i.to_string();
+        producer
+            .send(
+                BaseRecord::to(&topic)
+                    .partition(0)
+                    .key(&key)
+                    .payload("aborted"),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    println!("open");
+    std::io::stdout().flush().expect("stdout");
+    loop {
+        producer.poll(Duration::from_millis(200));
+    }
+}
+
+/// Starts the foreign producer, waits until its transaction is open, and SIGKILLs it.
+fn hang_a_transaction(topic: &str, transactional_id: &str) {
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "--ignored",
+                "--exact",
+                "foreign_producer_child",
+                "--nocapture",
+                "--quiet",
+            ])
+            .env("ONCEFLOW_DOCTOR_TOPIC", topic)
+            .env("ONCEFLOW_DOCTOR_TXN_ID", transactional_id)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the foreign producer"),
+    );
+    let stdout = child.stdout.take().expect("stdout");
+    let open = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.trim() == "open");
+    assert!(open, "the foreign producer did not open its transaction");
+    signal(&child, "-KILL");
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the foreign producer was not killed: {status:?}"
+    );
+}
+
+fn produce_committed(topic: &str, ids: std::ops::Range<u64>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    for i in ids {
+        let key = i.to_string();
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .partition(0)
+                    .key(&key)
+                    .payload("committed"),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+}
+
+/// A read_committed reader of partition 0 from the beginning.
+fn committed_reader(topic: &str) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("doctor-reader"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("reader");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("tpl");
+    consumer.assign(&tpl).expect("assign");
+    consumer
+}
+
+/// Reads for `budget`; returns the ids read and the reader's position afterwards.
+fn read_for(consumer: &BaseConsumer, topic: &str, budget: Duration) -> (Vec<u64>, i64) {
+    let mut ids = Vec::new();
+    let deadline = Instant::now() + budget;
+    while Instant::now() < deadline {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
+            let key = std::str::from_utf8(msg.key().expect("key")).expect("utf-8");
+            ids.push(key.parse().expect("id"));
+        }
+    }
+    let position = consumer
+        .position()
+        .expect("position")
+        .find_partition(topic, 0)
+        .and_then(|p| p.offset().to_raw())
+        .unwrap_or(-1);
+    (ids, position)
+}
+
+/// Partition 0's high watermark (a read_committed client is told the last stable offset).
+fn high_watermark(topic: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .expect("client");
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .expect("watermarks")
+        .1
+}
+
+fn doctor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args(["txn", "doctor", "--bootstrap-servers", &bootstrap()])
+        .args(args)
+        .output()
+        .expect("run the doctor")
+}
+
+fn json(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor's output is not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+/// The open transaction of `id` in a diagnosis, if listed.
+fn transaction<'a>(diagnosis: &'a Value, id: &str) -> Option<&'a Value> {
+    diagnosis["transactions"]
+        .as_array()
+        .expect("transactions")
+        .iter()
+        .find(|t| t["transactional_id"] == id)
+}
+
+fn partition<'a>(diagnosis: &'a Value, topic: &str, index: i64) -> &'a Value {
+    diagnosis["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .find(|p| p["topic"] == topic && p["partition"] == index)
+        .unwrap_or_else(|| panic!("{topic}-{index} not examined: {diagnosis}"))
+}
+
+#[test]
+fn a_killed_foreign_producer_hangs_its_partition_until_the_doctor_aborts_it() {
+    let topic = unique("doctor");
+    let foreign = unique("payments-exporter");
+    create_topics(&[&topic], 2);
+    produce_committed(&topic, BEFORE);
+    hang_a_transaction(&topic, &foreign);
+    produce_committed(&topic, AFTER);
+
+    // The reader stalls: it gets what precedes the open transaction, then nothing, with no
+    // error, while the high watermark is past everything written.
+    let reader = committed_reader(&topic);
+    let (seen, position) = read_for(&reader, &topic, Duration::from_secs(5));
+    let hw = high_watermark(&topic);
+    assert_eq!(
+        seen,
+        BEFORE.collect::<Vec<_>>(),
+        "what a stalled reader reads"
+    );
+    assert_eq!(hw, count(BEFORE) + count(ABORTED) + count(AFTER));
+    assert!(position < hw, "reader at {position}, high watermark {hw}");
+
+    // Found, over plaintext and over TLS, with a non-zero exit.
+    std::thread::sleep(Duration::from_millis(1500));
+    let found = doctor(&["--topic", &topic, "--older-than", "1s", "--json"]);
+    assert_eq!(
+        found.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&found.stderr)
+    );
+    let diagnosis = json(&found);
+    assert_eq!(diagnosis["healthy"], false);
+    let open = transaction(&diagnosis, &foreign).expect("the foreign transaction listed");
+    assert_eq!(open["hanging"], true);
+    assert_eq!(open["state"], "Ongoing");
+    assert!(
+        open["onceflow"].is_null(),
+        "not one of onceflow's ids: {open}"
+    );
+    assert_eq!(
+        open["partitions"],
+        serde_json::json!([format!("{topic}-0")])
+    );
+    let held = partition(&diagnosis, &topic, 0);
+    assert_eq!(held["high_watermark"], hw);
+    assert_eq!(held["last_stable_offset"], count(BEFORE));
+    assert_eq!(held["gap"], hw - count(BEFORE));
+    assert_eq!(held["holders"][0]["transactional_id"], foreign.as_str());
+    assert_eq!(held["holders"][0]["txn_start_offset"], count(BEFORE));
+    assert_eq!(partition(&diagnosis, &topic, 1)["gap"], 0);
+    assert!(diagnosis["cures"].as_array().is_some_and(|c| c.len() == 1));
+
+    let tls = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args([
+            "txn",
+            "doctor",
+            "--topic",
+            &topic,
+            "--older-than",
+            "1s",
+            "--json",
+        ])
+        .args(["--bootstrap-servers", &tls_bootstrap()])
+        .args(["-X", "security.protocol=SSL"])
+        .args(["-X", &format!("ssl.ca.location={}", kafka_ca())])
+        .output()
+        .expect("run the doctor over TLS");
+    assert_eq!(
+        tls.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&tls.stderr)
+    );
+    assert!(transaction(&json(&tls), &foreign).is_some_and(|t| t["hanging"] == true));
+
+    // A table for people, with the same verdict.
+    let table = doctor(&["--topic", &topic, "--older-than", "1s"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(table.status.code(), Some(1));
+    assert!(
+        text.contains("HANGING") && text.contains(&foreign),
+        "{text}"
+    );
+
+    // Without --yes, and without a terminal to ask on, nothing is done.
+    let unconfirmed = doctor(&["--topic", &topic, "--older-than", "1s", "--abort"]);
+    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"));
+
+    // Cured: the doctor fences the id at its coordinator and then reports healthy.
+    let cured = doctor(&[
+        "--topic",
+        &topic,
+        "--older-than",
+        "1s",
+        "--abort",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(
+        cured.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&cured.stdout),
+        String::from_utf8_lossy(&cured.stderr)
+    );
+    let report = json(&cured);
+    assert_eq!(report["treatments"][0]["cure"]["action"], "fence");
+    assert!(report["treatments"][0]["error"].is_null(), "{report}");
+    assert_eq!(report["after"]["healthy"], true);
+    assert!(
+        transaction(&report["after"], &foreign).is_none(),
+        "still open: {report}"
+    );
+    let after = partition(&report["after"], &topic, 0);
+    assert_eq!(after["gap"], 0);
+    assert_eq!(after["high_watermark"], after["last_stable_offset"]);
+
+    // The stalled reader moves on to the high watermark; the aborted records stay invisible.
+    let (rest, position) = read_for(&reader, &topic, Duration::from_secs(5));
+    assert_eq!(
+        rest,
+        AFTER.collect::<Vec<_>>(),
+        "what the reader reads once cured"
+    );
+    let hw = high_watermark(&topic);
+    assert!(
+        position >= hw - 1,
+        "reader at {position}, high watermark {hw}"
+    );
+    let ids: BTreeSet<u64> = read_records(&topic, 2, "read_committed")
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("id"))
+        .collect();
+    assert_eq!(ids, BEFORE.chain(AFTER).collect::<BTreeSet<_>>());
+
+    // And a second look finds nothing to do.
+    let again = doctor(&["--topic", &topic, "--older-than", "1s"]);
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+}
+
+fn count(ids: std::ops::Range<u64>) -> i64 {
+    (ids.end - ids.start) as i64
+}
+
+fn tls_bootstrap() -> String {
+    std::env::var("ONCEFLOW_TEST_BOOTSTRAP_TLS").expect("ONCEFLOW_TEST_BOOTSTRAP_TLS")
+}
+
+fn kafka_ca() -> String {
+    std::env::var("ONCEFLOW_TEST_KAFKA_CA").expect("ONCEFLOW_TEST_KAFKA_CA")
+}
