@@ -4,40 +4,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const PARTITIONS: i32 = 4;
-
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// Sum of the samples of `name` whose labels contain every `label="value"` of `having`.
-fn metric(body: &str, name: &str, having: &[&str]) -> Option<f64> {
-    let mut found = None;
-    for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let (series_name, labels) = series.split_once('{').unwrap_or((series, ""));
-        if series_name == name && having.iter().all(|h| labels.contains(h)) {
-            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
-        }
-    }
-    found
-}
 
 fn summary_field(summary: &str, field: &str) -> u64 {
     summary

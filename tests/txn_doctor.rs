@@ -356,3 +356,162 @@ fn tls_bootstrap() -> String {
 fn kafka_ca() -> String {
     std::env::var("ONCEFLOW_TEST_KAFKA_CA").expect("ONCEFLOW_TEST_KAFKA_CA")
 }
+
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The age the job reports for `topic`'s partition 0, and its readiness.
+fn watched(addr: &str, topic: &str) -> (Option<f64>, Option<(u16, String)>) {
+    let age = get(addr, "/metrics").and_then(|(_, body)| {
+        metric(
+            &body,
+            "onceflow_output_open_transaction_age_seconds",
+            &[&format!("topic=\"{topic}\""), "partition=\"0\""],
+        )
+    });
+    (age, get(addr, "/readyz"))
+}
+
+/// Waits until `done` returns `None`; it returns what it saw otherwise, shown on timeout.
+fn wait_until<T: std::fmt::Debug>(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Option<T>,
+) {
+    let deadline = Instant::now() + timeout;
+    while let Some(seen) = done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last seen: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_ends_it() {
+    let input = unique("doctor-job-in");
+    let output = unique("doctor-job-out");
+    let foreign = unique("legacy-writer");
+    create_topics(&[&input, &output], 2);
+    let first: BTreeSet<u64> = (0..500).collect();
+    produce_ids(&input, first.iter().copied());
+    let name = unique("doctor-job");
+    let (_dir, topology) = topology_file(&topology_yaml(
+        &name,
+        &input,
+        &output,
+        "  transaction_timeout_ms: 10000\n  commit_interval_ms: 100\n",
+    ));
+    let addr = free_addr();
+    let job = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(&topology)
+            .args([
+                "--bootstrap-servers",
+                &bootstrap(),
+                "--instance-id",
+                "doc-0",
+            ])
+            .args(["--metrics-addr", &addr, "--progress-secs", "0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn onceflow"),
+    );
+    assert_eq!(
+        wait_for_distinct(&output, 2, first.len(), Duration::from_secs(120)),
+        first.len()
+    );
+    wait_until(
+        "the job's first look at its outputs",
+        Duration::from_secs(30),
+        || {
+            let seen = watched(&addr, &output);
+            (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
+        },
+    );
+
+    // A foreign producer dies mid-transaction on the job's output: past the job's transaction
+    // timeout (10 s) the job reports the partition held and turns unready, naming it.
+    hang_a_transaction(&output, &foreign);
+    wait_until(
+        "the job to report the held partition",
+        Duration::from_secs(60),
+        || {
+            let seen = watched(&addr, &output);
+            let held = matches!(&seen, (Some(age), Some((503, why)))
+            if *age > 10.0 && why.contains(&format!("{output}-0")) && why.contains("txn doctor"));
+            (!held).then_some(seen)
+        },
+    );
+    assert_eq!(
+        get(&addr, "/healthz").map(|r| r.0),
+        Some(200),
+        "alive all along"
+    );
+
+    // The doctor, given the topology, names the foreign transaction on the job's output and
+    // ends it; the job's own transactions are left alone.
+    let found = doctor(&[
+        topology.to_str().expect("path"),
+        "--older-than",
+        "5s",
+        "--json",
+    ]);
+    assert_eq!(found.status.code(), Some(1));
+    let diagnosis = json(&found);
+    assert!(transaction(&diagnosis, &foreign).is_some_and(|t| t["hanging"] == true));
+    for t in diagnosis["transactions"].as_array().expect("transactions") {
+        if t["transactional_id"] != foreign.as_str() {
+            assert_eq!(t["transactional_id"], format!("onceflow.{name}.doc-0"));
+            assert_eq!(t["onceflow"]["running"], true, "{t}");
+            assert_eq!(t["hanging"], false, "{t}");
+        }
+    }
+    let cured = doctor(&[
+        topology.to_str().expect("path"),
+        "--older-than",
+        "5s",
+        "--abort",
+        "--yes",
+    ]);
+    assert_eq!(
+        cured.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&cured.stdout)
+    );
+
+    // Back to ready, and the job went on with exactly-once output throughout.
+    wait_until("the job to be ready again", Duration::from_secs(60), || {
+        let seen = watched(&addr, &output);
+        (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
+    });
+    let second: BTreeSet<u64> = (500..1000).collect();
+    produce_ids(&input, second.iter().copied());
+    let all: BTreeSet<u64> = first.union(&second).copied().collect();
+    assert_eq!(
+        wait_for_distinct(&output, 2, all.len(), Duration::from_secs(120)),
+        all.len()
+    );
+    terminate(job);
+    let ids: Vec<u64> = read_records(&output, 2, "read_committed")
+        .iter()
+        .filter(|r| r.value.as_deref() != Some("aborted"))
+        .map(|r| r.key.as_deref().expect("key").parse().expect("id"))
+        .collect();
+    assert!(
+        read_records(&output, 2, "read_committed")
+            .iter()
+            .all(|r| r.value.as_deref() != Some("aborted")),
+        "an aborted record is visible"
+    );
+    assert_exactly_once(&all, &ids);
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::doctor::watch::Watch;
 use crate::engine::{Identity, RunOptions, Summary};
 use crate::failpoints::Failpoints;
 use crate::kafka::{clients, embedded::EmbeddedCluster};
@@ -84,8 +85,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
                 bootstrap_servers: servers,
                 instance_id,
             };
+            // The job's own security settings reach the brokers the same way.
+            let cluster = crate::kafka::Cluster {
+                bootstrap: identity.bootstrap_servers.clone(),
+                settings: topology.kafka.common.clone().into_iter().collect(),
+            };
+            let watch = Watch::start(&topology, cluster, options.health.clone());
             let summary =
-                supervisor.run_until_signal(topology, identity, options, args.metrics_addr)?;
+                supervisor.run_until_signal(topology, identity, options, args.metrics_addr);
+            drop(watch);
+            let summary = summary?;
             print_summary(&summary);
             if let Some(path) = args.summary_json {
                 write_summary_json(&path, &summary)?;

@@ -10,6 +10,7 @@
 //! record of it, by writing abort markers to the partition.
 
 pub mod diagnose;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

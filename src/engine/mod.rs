@@ -615,6 +615,9 @@ impl<'t> Job<'t> {
             txn.poll();
             self.since_poll = 0;
         }
+        if idle {
+            txn.idle();
+        }
         let now = Instant::now();
         self.paused.resume_due(consumer, now);
         if now >= self.next_tick {

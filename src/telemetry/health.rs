@@ -37,6 +37,8 @@ pub struct Health {
     call_started_ms: AtomicU64,
     call: Mutex<&'static str>,
     call_bound_ms: AtomicU64,
+    /// Why output partitions are held by a transaction open too long, when they are.
+    held_outputs: Mutex<Option<String>>,
 }
 
 fn now_ms() -> u64 {
@@ -54,6 +56,7 @@ impl Default for Health {
             call_started_ms: AtomicU64::new(0),
             call: Mutex::new(""),
             call_bound_ms: AtomicU64::new(60_000),
+            held_outputs: Mutex::new(None),
         }
     }
 }
@@ -111,6 +114,12 @@ impl Health {
         }
     }
 
+    /// Output partitions held by a transaction open too long (`None`: none is), as the
+    /// brokers report them.
+    pub fn set_held_outputs(&self, why: Option<String>) {
+        *lock(&self.held_outputs) = why;
+    }
+
     /// Ready, or why not.
     pub fn readiness(&self) -> Result<(), String> {
         let assigned = self.assigned.load(Ordering::Relaxed);
@@ -120,6 +129,8 @@ impl Health {
             Err("no partition assigned".into())
         } else if idle > bound {
             Err(format!("no commit for {idle} ms (bound {bound} ms)"))
+        } else if let Some(why) = lock(&self.held_outputs).clone() {
+            Err(why)
         } else {
             Ok(())
         }

@@ -23,6 +23,7 @@ pub const TXN_ABORTED: &str = "onceflow_transactions_aborted_total";
 pub const COMMIT_DURATION: &str = "onceflow_commit_duration_seconds";
 pub const TXN_RECORDS: &str = "onceflow_transaction_records";
 pub const TXN_OPEN_AGE: &str = "onceflow_open_transaction_age_seconds";
+pub const OUTPUT_TXN_AGE: &str = "onceflow_output_open_transaction_age_seconds";
 pub const CONSUMER_LAG: &str = "onceflow_consumer_lag_records";
 pub const REBALANCES: &str = "onceflow_rebalances_total";
 pub const ASSIGNED_PARTITIONS: &str = "onceflow_assigned_partitions";
@@ -86,6 +87,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         TXN_OPEN_AGE,
         "Age of the open transaction (0 when none is open).",
+    ),
+    (
+        OUTPUT_TXN_AGE,
+        "Age of the oldest open transaction on each Kafka output and dead-letter partition, anyone's, as its leader reports it (0 when none), by topic and partition; polled every 10 s.",
     ),
     (
         CONSUMER_LAG,

@@ -64,6 +64,18 @@ pub fn open_txn_age(age: Duration) {
     gauge!(m::TXN_OPEN_AGE).set(age.as_secs_f64());
 }
 
+/// The oldest open transaction on an output partition, as its leader reports it.
+pub fn output_txn_age(topic: &str, partition: i32, age_ms: i64) {
+    gauge!(m::OUTPUT_TXN_AGE, "topic" => topic.to_string(), "partition" => partition.to_string())
+        .set(age_ms as f64 / 1000.0);
+}
+
+/// The brokers could not be asked about the output partitions' open transactions (said once
+/// per distinct error; the watch tries again).
+pub fn txn_watch_failed(error: &dyn std::fmt::Display) {
+    warn!(%error, "cannot read the open transactions of the output partitions; trying again");
+}
+
 pub fn txn_retry(operation: &'static str, attempt: u32, error: &dyn std::fmt::Display) {
     counter!(m::RETRIES, "stage" => operation).increment(1);
     warn!(operation, attempt, %error, "retriable transaction error; calling again");

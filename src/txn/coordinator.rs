@@ -231,6 +231,14 @@ impl Txn {
                 || self.participants.iter().any(|p| p.is_full()))
     }
 
+    /// The consumer found nothing to read: with no transaction open there is nothing to
+    /// commit, and a job that keeps up with a quiet input is making progress.
+    pub fn idle(&self) {
+        if !self.open {
+            self.health.progressed();
+        }
+    }
+
     /// Serves delivery reports. Call it regularly.
     pub fn poll(&self) {
         self.producer.client().poll(Duration::ZERO);

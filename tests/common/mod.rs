@@ -8,6 +8,8 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -487,4 +489,31 @@ pub fn postgres_script(url: &str, command: &str) {
         status.success(),
         "scripts/postgres {command} failed (the test restarts the server of scripts/postgres, with the same PG_PORT and ONCEFLOW_PG_DIR)"
     );
+}
+
+/// A GET of a job's HTTP endpoint: its status and body.
+pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// Sum of the samples of `name` whose labels contain every `label="value"` of `having`.
+pub fn metric(body: &str, name: &str, having: &[&str]) -> Option<f64> {
+    let mut found = None;
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (series_name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if series_name == name && having.iter().all(|h| labels.contains(h)) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+        }
+    }
+    found
 }
