@@ -515,3 +515,73 @@ fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_en
     );
     assert_exactly_once(&all, &ids);
 }
+
+#[test]
+fn abort_markers_alone_free_the_partition_but_leave_the_coordinator_open_until_fenced() {
+    use onceflow::kafka::Cluster;
+    use onceflow::kafka::transactions::TxnAdmin;
+
+    let topic = unique("doctor-markers");
+    let foreign = unique("batch-loader");
+    create_topics(&[&topic], 1);
+    produce_committed(&topic, BEFORE);
+    hang_a_transaction(&topic, &foreign);
+    produce_committed(&topic, AFTER);
+
+    // What `kafka-transactions.sh abort` does: markers for the producer the partition's
+    // leader describes, written to the partition.
+    let mut admin =
+        TxnAdmin::connect(&Cluster::new(&bootstrap()), Duration::from_secs(30)).expect("admin");
+    let held = (topic.clone(), 0);
+    let producers = admin
+        .describe_producers(std::slice::from_ref(&held))
+        .expect("describe producers");
+    let open: Vec<_> = producers[&held]
+        .iter()
+        .filter(|p| p.txn_start_offset >= 0)
+        .collect();
+    assert_eq!(open.len(), 1, "{producers:?}");
+    assert_eq!(open[0].txn_start_offset, count(BEFORE));
+    admin
+        .write_abort_marker(&held, open[0])
+        .expect("abort markers");
+
+    // The partition is free: the reader gets everything committed, nothing aborted.
+    let reader = committed_reader(&topic);
+    let (seen, _) = read_for(&reader, &topic, Duration::from_secs(5));
+    assert_eq!(seen, BEFORE.chain(AFTER).collect::<Vec<_>>());
+
+    // But the coordinator still has the transaction open on it: the doctor, once it is old
+    // enough, still finds it (with no partition held any more) and fences the id.
+    std::thread::sleep(Duration::from_millis(1500));
+    let found = doctor(&["--topic", &topic, "--older-than", "1s", "--json"]);
+    assert_eq!(found.status.code(), Some(1));
+    let diagnosis = json(&found);
+    let open = transaction(&diagnosis, &foreign).expect("still open at the coordinator");
+    assert_eq!(
+        (open["state"].as_str(), open["hanging"].as_bool()),
+        (Some("Ongoing"), Some(true))
+    );
+    assert_eq!(partition(&diagnosis, &topic, 0)["gap"], 0);
+    let cured = doctor(&[
+        "--topic",
+        &topic,
+        "--older-than",
+        "1s",
+        "--abort",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(
+        cured.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&cured.stdout)
+    );
+    assert!(transaction(&json(&cured)["after"], &foreign).is_none());
+    let ids: BTreeSet<u64> = read_records(&topic, 1, "read_committed")
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("id"))
+        .collect();
+    assert_eq!(ids, BEFORE.chain(AFTER).collect::<BTreeSet<_>>());
+}
