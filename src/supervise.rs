@@ -1,5 +1,5 @@
-//! Process supervision of a running job: signals, the grace period of a stop, and the
-//! watchdog of hung client calls.
+//! Process supervision of a running job: signals, the grace period of a stop, the watchdog of
+//! hung client calls, and the watch for a process that was stopped past its session timeout.
 //!
 //! The job runs on a blocking thread of its own (every Kafka call blocks). SIGTERM/SIGINT
 //! ask it to commit and stop; a stop that has not finished within its grace period, or a
@@ -7,6 +7,14 @@
 //! returned long after its own timeout (librdkafka#5456: a lost group coordinator is never
 //! timed out) ends it too. Exiting then is a crash like any other: nothing uncommitted
 //! counts, and the next instance with the same id fences what is left open.
+//!
+//! A process that was frozen (SIGSTOP, a paused VM, a suspended host) past most of its
+//! session timeout wakes as a zombie: the group has expired its membership and a replacement
+//! may hold its instance id. Left alone, its consumer would rejoin under the same
+//! `group.instance.id` (static membership lets the last joiner win) and its producer, fenced,
+//! would be rebuilt and fence the replacement in turn. A thread that ticks every 100 ms sees
+//! the gap the moment the process runs again, before the consumer's first heartbeat has had
+//! its answer, and ends the process with [`STALLED_EXIT`]: the newer incarnation survives.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +44,43 @@ pub enum SuperviseError {
     Panicked(tokio::task::JoinError),
     #[error(transparent)]
     Job(#[from] EngineError),
+}
+
+/// The exit status of a process that found itself stopped past its stall limit.
+pub const STALLED_EXIT: i32 = 3;
+
+/// How long the process may go without running before it counts as a zombie: two thirds of
+/// the session timeout. The group expires a member one session timeout after its last
+/// heartbeat (sent every 3 s), so a member frozen this long may have lost its membership;
+/// a running process never goes this long without its ticker running.
+pub fn stall_limit(topology: &Topology) -> Duration {
+    Duration::from_millis(topology.runtime.session_timeout_ms.saturating_mul(2) / 3)
+}
+
+/// Whether a gap between two ticks means the process was frozen.
+pub fn stalled(gap: Duration, limit: Duration) -> bool {
+    gap >= limit
+}
+
+/// Starts the ticker that ends the process when it finds itself frozen past `limit`.
+pub fn watch_for_stalls(limit: Duration) -> std::io::Result<()> {
+    let tick = Duration::from_millis(100);
+    std::thread::Builder::new()
+        .name("stall-watch".into())
+        .spawn(move || {
+            let mut last = std::time::Instant::now();
+            loop {
+                std::thread::sleep(tick);
+                let now = std::time::Instant::now();
+                let gap = now.duration_since(last);
+                if stalled(gap, limit) {
+                    telemetry::stalled(gap, limit);
+                    std::process::exit(STALLED_EXIT);
+                }
+                last = now;
+            }
+        })
+        .map(|_| ())
 }
 
 /// How long a stop may take after SIGTERM/SIGINT before the process exits anyway: twice the
@@ -131,6 +176,7 @@ impl Supervisor {
                     std::process::exit(1);
                 });
             }
+            watch_for_stalls(stall_limit(&topology)).map_err(SuperviseError::Runtime)?;
             let health = Arc::clone(&options.health);
             tokio::spawn(async move {
                 let why = hung_call(&health, Duration::from_secs(1)).await;
@@ -182,6 +228,19 @@ mod tests {
         let mut t = Topology::parse(text, "test").expect("a minimal topology");
         t.runtime.transaction_timeout_ms = transaction_timeout_ms;
         t
+    }
+
+    #[test]
+    fn a_process_frozen_for_two_thirds_of_its_session_timeout_is_a_zombie() {
+        let mut t = topology(60_000);
+        t.runtime.session_timeout_ms = 45_000;
+        let limit = stall_limit(&t);
+        assert_eq!(limit, Duration::from_secs(30));
+        assert!(stalled(Duration::from_secs(30), limit));
+        assert!(!stalled(Duration::from_millis(29_999), limit));
+        // Ticks are 100 ms apart: a busy machine delays one by far less than this.
+        t.runtime.session_timeout_ms = 6_000;
+        assert_eq!(stall_limit(&t), Duration::from_secs(4));
     }
 
     #[test]

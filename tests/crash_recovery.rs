@@ -128,6 +128,61 @@ fn paused_zombie_is_fenced_by_its_replacement() {
     assert_exactly_once(&s.ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }
 
+/// The operator's way to make a zombie: an instance frozen past its session timeout, a
+/// replacement started with the same instance id, then the frozen one woken while input
+/// still arrives. The woken one must end itself (status 3, from its stall watch) instead of
+/// rejoining under the same `group.instance.id` and fencing its replacement, which must live
+/// on and finish the work exactly once.
+#[test]
+fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_survives() {
+    let s = setup("woken", 0, "  max_records_per_txn: 500\n");
+    let first: BTreeSet<u64> = (0..5_000).collect();
+    produce_ids(&s.input, first.iter().copied());
+    let mut zombie = spawn(&s, "woken-0");
+    assert_eq!(
+        wait_for_distinct(&s.output, PARTITIONS, first.len(), Duration::from_secs(120)),
+        first.len(),
+        "the first instance did not start"
+    );
+    let all: BTreeSet<u64> = (0..25_000).collect();
+    let feeder = {
+        let input = s.input.clone();
+        std::thread::spawn(move || produce_ids_paced(&input, 5_000..25_000, Some(1_000)))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    signal(&zombie, "-STOP");
+    // Past its 10 s session timeout: the group expires the frozen member.
+    std::thread::sleep(Duration::from_secs(12));
+    let mut replacement = spawn(&s, "woken-0");
+    let frozen_at = distinct_now(&s.output, PARTITIONS, Duration::from_secs(1));
+    assert!(
+        wait_for_distinct(
+            &s.output,
+            PARTITIONS,
+            frozen_at + 500,
+            Duration::from_secs(90)
+        ) >= frozen_at + 500,
+        "the replacement did not take over"
+    );
+
+    signal(&zombie, "-CONT");
+    let status = wait_exit(&mut zombie, Duration::from_secs(30));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(3),
+        "the woken zombie must end itself: {status:?}"
+    );
+    feeder.join().expect("feeder");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, all.len(), Duration::from_secs(180));
+    assert!(
+        replacement.try_wait().expect("try_wait").is_none(),
+        "the replacement died"
+    );
+    terminate(replacement);
+    assert_eq!(seen, all.len(), "not every record came through");
+    assert_exactly_once(&all, &read_all(&s.output, PARTITIONS, "read_committed"));
+}
+
 #[test]
 fn instances_joining_and_dying_mid_run_keep_exactly_once() {
     let s = setup("scale", 0, "  max_records_per_txn: 500\n");

@@ -150,9 +150,22 @@ pub fn run(
     // with a new one until the old session expires. Only a job that has consumed nothing
     // yet: one refused after consuming is a woken zombie whose place was taken, and stops.
     let deadline = Instant::now() + INSTANCE_ID_WAIT;
+    // Under the classic protocol a member that joins with this instance's id fences it
+    // (FENCED_INSTANCE_ID). A woken zombie that rejoined before its stall watch ended it
+    // (crate::supervise) is gone a moment later: join again, once in the life of the
+    // process, and the newer instance keeps the id. Two live processes sharing an id take it
+    // from each other at most once each, and the later one keeps it.
+    let mut rejoined = false;
     loop {
         let mut consumed = 0;
         match run_once(topology, identity, options, shutdown, &mut consumed) {
+            Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::FencedInstanceId))
+                if !rejoined && !shutdown.load(Ordering::Relaxed) =>
+            {
+                rejoined = true;
+                telemetry::rejoining_after_fence(&code, FENCED_REJOIN_AFTER);
+                std::thread::sleep(FENCED_REJOIN_AFTER);
+            }
             Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::UnreleasedInstanceId))
                 if consumed == 0
                     && Instant::now() < deadline
@@ -174,6 +187,9 @@ pub fn run(
 /// any session timeout of a previous incarnation (the broker's default is 45 s).
 const INSTANCE_ID_WAIT: Duration = Duration::from_secs(120);
 const INSTANCE_ID_RETRY: Duration = Duration::from_secs(2);
+/// How long a fenced instance waits before joining again: the zombie that fenced it ends
+/// itself within moments of waking.
+const FENCED_REJOIN_AFTER: Duration = Duration::from_secs(1);
 
 /// One incarnation of the job; `consumed` says how many records it consumed.
 fn run_once(

@@ -102,6 +102,20 @@ pub fn instance_id_held(error: &dyn std::fmt::Display, retry_in: std::time::Dura
     );
 }
 
+/// The process ran again after being frozen past its stall limit, and exits.
+pub fn stalled(gap: Duration, limit: Duration) {
+    error!(
+        frozen_s = gap.as_secs_f64(),
+        limit_s = limit.as_secs_f64(),
+        "this process was frozen past its stall limit: its group membership may have expired and a replacement may hold its instance id; exiting so that the newer instance keeps it"
+    );
+}
+
+/// Another member took this instance's id; the job joins again once.
+pub fn rejoining_after_fence(error: &dyn std::fmt::Display, after: Duration) {
+    warn!(%error, after_s = after.as_secs_f64(), "fenced by a member with the same group.instance.id; joining again once (a woken zombie ends itself)");
+}
+
 pub fn fatal(error: &dyn std::fmt::Display) {
     error!(%error, "fatal error; the job stops");
 }
