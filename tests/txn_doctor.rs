@@ -170,6 +170,19 @@ fn doctor(args: &[&str]) -> Output {
         .expect("run the doctor")
 }
 
+/// `txn doctor --abort --yes --json` on `topic`, a transaction open for 1 s hanging.
+fn abort_hanging(topic: &str) -> Output {
+    doctor(&[
+        "--topic",
+        topic,
+        "--older-than",
+        "1s",
+        "--abort",
+        "--yes",
+        "--json",
+    ])
+}
+
 fn json(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
         panic!(
@@ -289,15 +302,7 @@ fn a_killed_foreign_producer_hangs_its_partition_until_the_doctor_aborts_it() {
     assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"));
 
     // Cured: the doctor fences the id at its coordinator and then reports healthy.
-    let cured = doctor(&[
-        "--topic",
-        &topic,
-        "--older-than",
-        "1s",
-        "--abort",
-        "--yes",
-        "--json",
-    ]);
+    let cured = abort_hanging(&topic);
     assert_eq!(
         cured.status.code(),
         Some(0),
@@ -563,15 +568,7 @@ fn abort_markers_alone_free_the_partition_but_leave_the_coordinator_open_until_f
         (Some("Ongoing"), Some(true))
     );
     assert_eq!(partition(&diagnosis, &topic, 0)["gap"], 0);
-    let cured = doctor(&[
-        "--topic",
-        &topic,
-        "--older-than",
-        "1s",
-        "--abort",
-        "--yes",
-        "--json",
-    ]);
+    let cured = abort_hanging(&topic);
     assert_eq!(
         cured.status.code(),
         Some(0),

@@ -117,6 +117,14 @@ pub struct Member {
     pub host: String,
 }
 
+fn member(instance_id: Option<&StrBytes>, client_id: &StrBytes, host: &StrBytes) -> Member {
+    Member {
+        instance_id: instance_id.map(text),
+        client_id: text(client_id),
+        host: text(host),
+    }
+}
+
 /// Connections to every broker of a cluster, opened on first use, and its metadata.
 pub struct TxnAdmin {
     security: Security,
@@ -433,11 +441,7 @@ impl TxnAdmin {
                 return Ok(Some(
                     g.members
                         .iter()
-                        .map(|m| Member {
-                            instance_id: m.instance_id.as_ref().map(text),
-                            client_id: text(&m.client_id),
-                            host: text(&m.client_host),
-                        })
+                        .map(|m| member(m.instance_id.as_ref(), &m.client_id, &m.client_host))
                         .collect(),
                 ));
             }
@@ -451,11 +455,7 @@ impl TxnAdmin {
             return Ok(Some(
                 g.members
                     .iter()
-                    .map(|m| Member {
-                        instance_id: m.group_instance_id.as_ref().map(text),
-                        client_id: text(&m.client_id),
-                        host: text(&m.client_host),
-                    })
+                    .map(|m| member(m.group_instance_id.as_ref(), &m.client_id, &m.client_host))
                     .collect(),
             ));
         }
