@@ -29,6 +29,7 @@ use cel::context::VariableResolver;
 use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
 use serde_json::Value as Json;
 
+use super::fast::{self, Fast, Scalar};
 use crate::codec::json::{Doc, Field, type_name};
 use crate::record::{ErrorKind, Origin};
 
@@ -86,6 +87,8 @@ pub struct Expression {
     /// `Some` when the expression is only a path into the value (`value.customer.id`): it is
     /// then looked up directly, without the interpreter.
     path: Option<Vec<String>>,
+    /// `Some` when the expression has a shape evaluated natively ([`super::fast`]).
+    fast: Option<Box<Fast>>,
     source: String,
     program: Program,
     env: Arc<Env>,
@@ -154,8 +157,12 @@ impl Expression {
             ));
         }
         let path = value_path(program.expression(), &[]).filter(|p| !p.is_empty());
+        let fast = fast::compile(program.expression())
+            .filter(fast::worth_it)
+            .map(Box::new);
         Ok(Expression {
             path,
+            fast,
             source: source.to_string(),
             program,
             env,
@@ -194,6 +201,9 @@ impl Expression {
         if let Some(found) = self.lookup(scope) {
             return found.map(|f| f.to_json());
         }
+        if let Some(json) = self.quick(scope).and_then(|s| s.to_json()) {
+            return Ok(json);
+        }
         let v = self.eval(scope).map_err(|e| self.failure(e))?;
         to_json(&v).map_err(|m| (ErrorKind::WrongType, format!("`{}`: {m}", self.source)))
     }
@@ -205,6 +215,9 @@ impl Expression {
     ) -> Result<Option<Vec<u8>>, (ErrorKind, String)> {
         if let Some(found) = self.lookup(scope) {
             return found.map(|f| json_bytes(&f.to_json()));
+        }
+        if let Some(scalar) = self.quick(scope) {
+            return Ok(scalar.to_bytes());
         }
         let v = self.eval(scope).map_err(|e| self.failure(e))?;
         to_bytes(&v).map_err(|m| (ErrorKind::WrongType, format!("`{}`: {m}", self.source)))
@@ -282,8 +295,23 @@ impl Expression {
         Some(Ok(current))
     }
 
+    /// The expression evaluated natively, when its shape and the record allow it.
+    fn quick<'x>(&'x self, scope: &Scope<'x, '_>) -> Option<Scalar<'x>> {
+        let fast = self.fast.as_deref()?;
+        let ValueRef::Json(Some(doc)) = scope.value else {
+            return None;
+        };
+        fast::eval(fast, doc)
+    }
+
     /// Evaluates a predicate: `Ok(None)` when the result is not a bool.
     pub fn eval_bool(&self, scope: &Scope<'_, '_>) -> Result<Option<bool>, ExecutionError> {
+        if let Some(scalar) = self.quick(scope) {
+            return Ok(match scalar {
+                Scalar::Bool(b) => Some(b),
+                _ => None,
+            });
+        }
         let resolver = Resolver {
             scope,
             uses: &self.uses,
@@ -538,7 +566,7 @@ fn analyze(e: &IdedExpr, bound: &mut Vec<String>, uses: &mut Uses, unknown: &mut
 
 /// The path of `e` when it is field selections on `value` (`value.a.b` gives `[a, b]`,
 /// `value` itself `[]`).
-fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
+pub(super) fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
     let mut path = Vec::new();
     let mut current = e;
     loop {
@@ -760,6 +788,115 @@ mod tests {
         assert!(err.contains("valu"), "{err}");
         let err = Expression::compile("value.a ==").unwrap_err();
         assert!(err.contains("not a valid CEL expression"), "{err}");
+    }
+
+    /// Every shape the native evaluator takes, over operands of every JSON type (and missing
+    /// ones): wherever it answers, the interpreter answers the same, as JSON, as bytes and as
+    /// a predicate; and it answers often enough to be worth having.
+    #[test]
+    fn native_shapes_agree_with_the_interpreter() {
+        const EXPRESSIONS: &[&str] = &[
+            "value.a == value.b",
+            "value.a != value.b",
+            "value.a < value.b",
+            "value.a <= value.b",
+            "value.a > value.b",
+            "value.a >= value.b",
+            "value.a == 'paid'",
+            "value.a != 'test' && value.b > 0.0",
+            "value.a > 0 || value.b == null",
+            "value.a == true && !(value.b == false)",
+            "!(value.a == value.b)",
+            "value.a + value.b",
+            "'order.' + value.a",
+            "string(value.a)",
+            "string(value.a) + '-' + string(value.b)",
+            "value.a.upperAscii()",
+            "value.b.lowerAscii()",
+            "value.n.s == 'paid' && value.n.t >= 3",
+            "value.n.s + value.a",
+            "value.a == null",
+            "value.a < 'm'",
+        ];
+        let operands = [
+            r#"1"#,
+            r#"-5"#,
+            r#"0"#,
+            r#"9223372036854775807"#,
+            r#"18446744073709551615"#,
+            r#"2.5"#,
+            r#"-0.0"#,
+            r#"1e300"#,
+            r#""x""#,
+            r#""paid""#,
+            r#""test""#,
+            r#""a\"b""#,
+            r#""ÄÖ é""#,
+            r#"true"#,
+            r#"false"#,
+            r#"null"#,
+            r#"{"c":1}"#,
+            r#"[1]"#,
+            "missing",
+        ];
+        let origin = origin();
+        let (mut native, mut total) = (0, 0);
+        for src in EXPRESSIONS {
+            let e = Expression::compile(src).unwrap();
+            assert!(e.fast.is_some(), "`{src}` is a native shape");
+            for a in operands {
+                for b in operands {
+                    let mut fields = vec![r#""n":{"s":"paid","t":3}"#.to_string()];
+                    for (name, v) in [("a", a), ("b", b)] {
+                        if v != "missing" {
+                            fields.push(format!(r#""{name}":{v}"#));
+                        }
+                    }
+                    let text = format!("{{{}}}", fields.join(","));
+                    let mut doc =
+                        Doc::parse(text.as_bytes()).unwrap_or_else(|e| panic!("{text}: {e}"));
+                    if let Needs::Paths(paths) = e.needs() {
+                        paths.iter().for_each(|p| doc.prepare(p));
+                    }
+                    let scope = Scope {
+                        value: ValueRef::Json(Some(&doc)),
+                        key: None,
+                        key_doc: None,
+                        headers: &[],
+                        timestamp: None,
+                        origin: &origin,
+                    };
+                    total += 1;
+                    let Some(quick) = e.quick(&scope) else {
+                        continue;
+                    };
+                    native += 1;
+                    let interpreted = e.eval(&scope).unwrap_or_else(|err| {
+                        panic!("`{src}` on {text}: native {quick:?}, interpreter {err}")
+                    });
+                    let why = format!("`{src}` on {text}");
+                    assert_eq!(quick.to_json(), to_json(&interpreted).ok(), "{why}");
+                    assert_eq!(Some(quick.to_bytes()), to_bytes(&interpreted).ok(), "{why}");
+                    assert_eq!(
+                        e.eval_json(&scope).ok(),
+                        to_json(&interpreted).ok(),
+                        "{why}"
+                    );
+                    assert_eq!(
+                        e.eval_bool(&scope).unwrap(),
+                        match interpreted {
+                            Value::Bool(b) => Some(b),
+                            _ => None,
+                        },
+                        "{why}"
+                    );
+                }
+            }
+        }
+        assert!(
+            native * 5 > total,
+            "native on {native} of {total} evaluations only"
+        );
     }
 
     #[test]

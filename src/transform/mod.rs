@@ -8,6 +8,7 @@
 //! [`Pipeline::compile`] (see [`expr`]).
 
 pub mod expr;
+mod fast;
 
 use std::collections::HashMap;
 
