@@ -761,17 +761,13 @@ impl CellCtx<'_> {
         self.bar
             .set_message(format!("p={} sizing probe", self.partitions));
         let started = Instant::now();
-        let written = std::cell::Cell::new(0u64);
         let moved = kafka::read_process_write(
             self.bootstrap,
             self.input,
             self.partitions,
             &scratch,
             cfg.tuning,
-            &|n| {
-                written.set(n);
-                started.elapsed() < sizing && n < first
-            },
+            &|n| started.elapsed() < sizing && n < first,
         );
         let took = started.elapsed().as_secs_f64();
         let _ = self.admin.delete_topics(&[&scratch]);
