@@ -630,8 +630,11 @@ impl Snapshot {
 
 /// How far the `probe` of a partition count is read and written back to size its input.
 const SIZING_SECS: f64 = 3.0;
-/// How much more than the probe's rate the input is sized for (the probe itself is noisy).
-const SIZING_MARGIN: f64 = 1.3;
+/// How much more than the probe's rate the input is sized for (the probe itself is noisy,
+/// and the quickest mode of a shared machine's quiet minute beats it).
+const SIZING_MARGIN: f64 = 1.6;
+/// How long the probe may wait for its first record.
+const SIZING_GIVE_UP: Duration = Duration::from_secs(30);
 
 struct CellCtx<'a> {
     cfg: &'a BenchConfig,
@@ -760,16 +763,27 @@ impl CellCtx<'_> {
         self.admin.create_topic(&scratch, self.partitions)?;
         self.bar
             .set_message(format!("p={} sizing probe", self.partitions));
+        // The rate counts from the first record written: the client's start (connecting,
+        // the first fetch) is no part of a steady cell either.
         let started = Instant::now();
+        let first_written: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
         let moved = kafka::read_process_write(
             self.bootstrap,
             self.input,
             self.partitions,
             &scratch,
             cfg.tuning,
-            &|n| started.elapsed() < sizing && n < first,
+            &|n| {
+                if n > 0 && first_written.get().is_none() {
+                    first_written.set(Some(Instant::now()));
+                }
+                let probed = first_written.get().is_some_and(|t| t.elapsed() >= sizing);
+                !probed && n < first && started.elapsed() < SIZING_GIVE_UP
+            },
         );
-        let took = started.elapsed().as_secs_f64();
+        let took = first_written
+            .get()
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
         let _ = self.admin.delete_topics(&[&scratch]);
         let rate = moved? as f64 / took.max(1e-3);
         let want = (rate * (cfg.warmup_secs + cfg.measure_secs) * SIZING_MARGIN) as u64;
