@@ -1,5 +1,6 @@
-//! `onceflow bench` end to end on the real broker, tiny: one partition count, no Kafka
-//! Streams. Checks that every cell ran and that its numbers are sane, not how fast they are.
+//! `onceflow bench` end to end on the real broker, tiny: one partition count, two rounds, no
+//! Kafka Streams. Checks that every cell of every round ran, that its numbers are sane and
+//! that the report pairs the rounds, not how fast anything is.
 
 mod common;
 
@@ -19,7 +20,9 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         .args(["bench", "--bootstrap-servers", &bootstrap()])
         .args(["--records", &RECORDS.to_string(), "--record-size", "512"])
         .args(["--partitions", "2", "--eos-commit-ms", "100"])
-        .args(["--no-kstreams", "--probe-rate", "200", "--probe-secs", "1"])
+        .args(["--rounds", "2", "--warmup-secs", "0", "--measure-secs", "1"])
+        .args(["--no-kstreams", "--no-kafka-perf"])
+        .args(["--probe-rate", "200", "--probe-secs", "1"])
         .args(["--cell-timeout-secs", "40"])
         .arg("--out")
         .arg(out.path())
@@ -34,11 +37,14 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
     let rows: Vec<HashMap<&str, &str>> = lines
         .map(|l| header.iter().copied().zip(l.split(',')).collect())
         .collect();
-    let modes: Vec<&str> = rows.iter().map(|r| r["mode"]).collect();
-    assert_eq!(
-        modes,
-        ["produce-only", "consume-only", "alos-100ms", "eos-100ms"]
-    );
+    // Interleaved rounds: every mode once per round, in plan order.
+    let modes: Vec<(&str, &str)> = rows.iter().map(|r| (r["round"], r["mode"])).collect();
+    let plan = ["produce-only", "rpw-ceiling", "alos-100ms", "eos-100ms"];
+    let expected: Vec<(&str, &str)> = ["0", "1"]
+        .iter()
+        .flat_map(|r| plan.iter().map(move |m| (*r, *m)))
+        .collect();
+    assert_eq!(modes, expected);
     let num = |row: &HashMap<&str, &str>, col: &str| -> f64 {
         row[col]
             .parse()
@@ -48,16 +54,43 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         assert_eq!(row["error"], "", "{} failed", row["mode"]);
         assert_eq!(row["partitions"], "2");
         assert_eq!(num(row, "records"), RECORDS as f64);
+        // Without a warm-up the window is the whole run: every record, after start-up.
+        assert_eq!(
+            num(row, "window_records"),
+            RECORDS as f64,
+            "{}",
+            row["mode"]
+        );
+        let window = num(row, "window_s");
+        assert!(window > 0.0 && window < 40.0, "{}: {window}", row["mode"]);
         let rate = num(row, "records_per_s");
         assert!(
             rate > 10.0 && rate < 10_000_000.0,
             "{}: {rate}",
             row["mode"]
         );
+        assert!((rate - RECORDS as f64 / window).abs() / rate < 0.01);
         let mbps = num(row, "mb_per_s");
         assert!((mbps - rate * 512.0 / 1e6).abs() < 0.1, "{}", row["mode"]);
+        // Every mode's own processes: memory and CPU, the ceilings' clients too.
+        let rss = num(row, "peak_rss_mib");
+        assert!(rss > 1.0 && rss < 4096.0, "rss {rss}");
+        let cpu = num(row, "cpu_s");
+        assert!(cpu > 0.0 && cpu < 120.0, "cpu {cpu}");
+        let window_cpu = num(row, "window_cpu_s");
+        assert!(
+            window_cpu >= 0.0 && window_cpu <= cpu + 0.05,
+            "{window_cpu} {cpu}"
+        );
+        let load = num(row, "load1");
+        assert!(load >= 0.0, "load {load}");
+        assert!(["true", "false"].contains(&row["noisy"]));
+        assert!(num(row, "machine_cores") > 0.0);
     }
-    for row in &rows[2..] {
+    for row in rows
+        .iter()
+        .filter(|r| r["mode"] != "produce-only" && r["mode"] != "rpw-ceiling")
+    {
         assert!(num(row, "commits") >= 1.0);
         let (p50, p99) = (num(row, "commit_p50_ms"), num(row, "commit_p99_ms"));
         assert!(
@@ -69,20 +102,19 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
             e50 >= 0.0 && e50 <= e99 && e99 < 30_000.0,
             "e2e {e50} {e99}"
         );
-        let rss = num(row, "peak_rss_mib");
-        assert!(rss > 1.0 && rss < 4096.0, "rss {rss}");
-        let cpu = num(row, "cpu_s");
-        assert!(cpu > 0.0 && cpu < 120.0, "cpu {cpu}");
-        assert_eq!(num(row, "runs"), 1.0);
     }
-    // The exactly-once row carries its ratios; Kafka Streams did not run.
-    let eos = &rows[3];
-    assert!(num(eos, "eos_over_alos") > 0.0);
-    assert!(num(eos, "eos_over_ceiling") > 0.0);
-    assert_eq!(eos["onceflow_over_kstreams"], "");
 
     let md = std::fs::read_to_string(out.path().join("bench.md")).expect("bench.md");
-    assert!(md.contains("| eos-100ms |"), "{md}");
+    assert!(md.contains("eos-100ms / alos-100ms"), "{md}");
+    assert!(md.contains("eos-100ms / rpw-ceiling"), "{md}");
+    assert!(md.contains("Verdict: **"), "{md}");
+    assert!(!md.contains("fastest of"), "{md}");
+    // Medians with their range over the two rounds: `a (b–c)` in the records/s table.
+    let rates = md
+        .lines()
+        .find(|l| l.starts_with("| 2 | "))
+        .expect("a records/s row");
+    assert_eq!(rates.matches('–').count(), plan.len(), "{rates}");
     let svg = std::fs::read_to_string(out.path().join("throughput.svg")).expect("svg");
     assert!(svg.starts_with("<svg") && svg.contains("eos-100ms"));
 }

@@ -1,6 +1,6 @@
-//! The benchmark's own Kafka clients: the preload (which is also the produce-only
-//! ceiling), the consume-only ceiling, the read_committed reader that times every cell, and
-//! the paced probe that measures end-to-end latency.
+//! The benchmark's own Kafka clients: the preload, the produce-only and read-process-write
+//! ceilings (run as child processes, like the pipelines), the read_committed reader that
+//! times every cell, and the paced probe that measures end-to-end latency.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -41,7 +41,7 @@ impl ProducerContext for Failures {
     }
 }
 
-/// Producer settings shared by the preload and the pipelines under test.
+/// Producer settings shared by the preload, the ceilings and the pipelines under test.
 #[derive(Debug, Clone, Copy)]
 pub struct ProducerTuning {
     pub linger_ms: u64,
@@ -52,6 +52,8 @@ fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Fail
     Cluster::new(bootstrap)
         .config()
         .set("enable.idempotence", "true")
+        // As the engine's producer: only failed deliveries are reported.
+        .set("delivery.report.only.error", "true")
         .set("linger.ms", tuning.linger_ms.to_string())
         .set("batch.size", tuning.batch_size.to_string())
         .create_with_context(Failures::default())
@@ -61,12 +63,22 @@ fn producer(bootstrap: &str, tuning: ProducerTuning) -> Result<BaseProducer<Fail
 /// How long a send waits for room while the local queue is full (as long as a flush may take).
 const QUEUE_FULL_WAIT: Duration = Duration::from_secs(300);
 
+/// Sends `record`, making room as the engine does while the local queue is full: serve the
+/// reports that are ready, then sleep up to a millisecond in `rd_kafka_flush`. rust-rdkafka's
+/// `poll(1 ms)` would spin through that millisecond instead, and a ceiling client that
+/// spins takes the cores the broker needs (measured: the produce-only ceiling came out
+/// below the read-process-write one at every round).
 fn send_all(
     producer: &BaseProducer<Failures>,
     record: BaseRecord<'_, [u8], [u8]>,
 ) -> Result<(), BenchError> {
     send::send(producer, record, QUEUE_FULL_WAIT, |p| {
-        p.poll(Duration::from_millis(1));
+        p.poll(Duration::ZERO);
+        // SAFETY: the producer's native handle is valid while `p` lives; rd_kafka_flush is
+        // thread-safe and only waits here (delivery reports are events served by poll).
+        unsafe {
+            rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), 1);
+        }
     })
     .map_err(BenchError::kafka("produce"))
 }
@@ -85,21 +97,24 @@ fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
     }
 }
 
-/// Writes `records` records of `size` bytes (keys: decimal ids) with an idempotent producer
-/// and returns how long it took until every one was acknowledged: the produce-only ceiling.
+/// Writes records of `size` bytes (keys: the decimal `ids`) with an idempotent producer, all
+/// of them or as many as fit before `until`, whichever comes first, and
+/// returns how many it wrote and how long it took until every one was acknowledged.
 pub fn preload(
     bootstrap: &str,
     topic: &str,
-    records: u64,
+    ids: std::ops::Range<u64>,
+    until: Option<Instant>,
     size: usize,
     tuning: ProducerTuning,
     progress: &dyn Fn(u64),
-) -> Result<Duration, BenchError> {
+) -> Result<(u64, Duration), BenchError> {
     let producer = producer(bootstrap, tuning)?;
     let value = value_of(size);
     let started = Instant::now();
     let mut key = String::new();
-    for id in 0..records {
+    let mut written = 0u64;
+    for id in ids {
         key.clear();
         key.push_str(&id.to_string());
         send_all(
@@ -108,13 +123,63 @@ pub fn preload(
                 .key(key.as_bytes())
                 .payload(&value[..]),
         )?;
-        if id % 1024 == 0 {
+        written += 1;
+        if written.is_multiple_of(1024) {
             producer.poll(Duration::ZERO);
-            progress(id);
+            progress(written);
+            if until.is_some_and(|u| Instant::now() >= u) {
+                break;
+            }
         }
     }
     finish(&producer)?;
-    Ok(started.elapsed())
+    Ok((written, started.elapsed()))
+}
+
+/// The read-process-write ceiling: reads `input` from the beginning (read_committed, one
+/// `poll` per record like the engine) and writes every record, key and value unchanged, to
+/// `output` with an idempotent producer tuned like the pipelines', with no transaction, no
+/// offset commit and no processing, while `go_on(records written so far)` holds. Returns the records written.
+pub fn read_process_write(
+    bootstrap: &str,
+    input: &str,
+    partitions: i32,
+    output: &str,
+    tuning: ProducerTuning,
+    go_on: &dyn Fn(u64) -> bool,
+) -> Result<u64, BenchError> {
+    let consumer = reader(bootstrap, input, partitions)?;
+    let producer = producer(bootstrap, tuning)?;
+    let mut written = 0u64;
+    while go_on(written) {
+        match consumer.poll(Duration::from_millis(10)) {
+            Some(Ok(msg)) => {
+                let mut record = BaseRecord::to(output);
+                if let Some(k) = msg.key() {
+                    record = record.key(k);
+                }
+                if let Some(v) = msg.payload() {
+                    record = record.payload(v);
+                }
+                send_all(&producer, record)?;
+                written += 1;
+                if written.is_multiple_of(256) {
+                    producer.poll(Duration::ZERO);
+                }
+            }
+            Some(Err(e)) => {
+                return Err(BenchError::Kafka {
+                    what: "consume",
+                    source: e,
+                });
+            }
+            None => {
+                producer.poll(Duration::ZERO);
+            }
+        }
+    }
+    finish(&producer)?;
+    Ok(written)
 }
 
 fn value_of(size: usize) -> Vec<u8> {
@@ -126,44 +191,6 @@ fn reader(bootstrap: &str, topic: &str, partitions: i32) -> Result<BaseConsumer,
     let group = format!("onceflow-bench-reader-{}", std::process::id());
     read::reader_from_beginning(&Cluster::new(bootstrap), &group, topic, partitions)
         .map_err(BenchError::kafka("consumer"))
-}
-
-/// Reads `records` records of `topic` with a read_committed consumer, one `poll` per record
-/// like the engine: the consume-only ceiling.
-pub fn consume_all(
-    bootstrap: &str,
-    topic: &str,
-    partitions: i32,
-    records: u64,
-    timeout: Duration,
-    progress: &dyn Fn(u64),
-) -> Result<Duration, BenchError> {
-    let started = Instant::now();
-    let consumer = reader(bootstrap, topic, partitions)?;
-    let mut seen = 0;
-    while seen < records {
-        if started.elapsed() > timeout {
-            return Err(BenchError::Timeout(format!(
-                "read {seen} of {records} records of {topic}"
-            )));
-        }
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(_)) => {
-                seen += 1;
-                if seen % 1024 == 0 {
-                    progress(seen);
-                }
-            }
-            Some(Err(e)) => {
-                return Err(BenchError::Kafka {
-                    what: "consume",
-                    source: e,
-                });
-            }
-            None => {}
-        }
-    }
-    Ok(started.elapsed())
 }
 
 /// What the reader of an output topic saw.

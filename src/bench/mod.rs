@@ -1,30 +1,45 @@
-//! `onceflow bench`: throughput against partition count, next to the broker's ceiling and
-//! Kafka Streams, on one broker in one run.
+//! `onceflow bench`: throughput against partition count, next to the broker's ceilings and
+//! Kafka Streams, on one broker in one run, by a method meant to hold on a shared machine.
 //!
-//! After a short warm-up of the broker, for every partition count the bench preloads N records of S bytes into a fresh input topic
-//! (timed: the produce-only ceiling), reads them back (the consume-only ceiling), then runs
-//! each pipeline over the same input, one after another, each with a fresh output topic and
-//! consumer group:
+//! For every partition count the bench first sizes the input from a short probe (a few
+//! seconds of producing, then of reading and writing it back), so that the fastest mode
+//! needs at least `warmup + measure` seconds for it, and preloads that many records of S
+//! bytes into a fresh input topic. Then it runs the modes in interleaved rounds (A B C A B C
+//! ...), each cell with a fresh output topic and consumer group:
 //!
+//! * **produce-only**: a child process writes N records to a fresh topic with an idempotent
+//!   producer tuned like the pipelines' (the broker's produce ceiling);
+//! * **rpw-ceiling**: a child process reads the input and writes it to the output, no
+//!   transaction, no offset commit, no processing (the read-process-write ceiling);
 //! * onceflow at-least-once and exactly-once (`onceflow run` child processes, one per
-//!   instance), and
-//! * the Kafka Streams peer under `exactly_once_v2` (`benches/kstreams/Bench.java`) with the
-//!   same commit interval, one stream thread, the same producer `linger.ms`/`batch.size`.
+//!   instance), and the Kafka Streams peer under `exactly_once_v2`
+//!   (`benches/kstreams/Bench.java`) with the same commit interval, one stream thread, the
+//!   same producer `linger.ms`/`batch.size`.
 //!
-//! A read_committed reader times each pipeline: throughput is N divided by the time from the
-//! pipeline's first partition assignment to the moment the reader has seen all N outputs
-//! (start-up, which differs a lot between a native binary and a JVM, is reported apart).
-//! Then a paced probe of timestamped records measures end-to-end latency (input timestamp to
-//! visible to the reader) while the pipeline keeps up, and the children are stopped with
-//! SIGTERM. Each child's peak RSS (`VmHWM`) is read just before, its CPU time comes from
-//! `wait4`, and onceflow's `--summary-json` gives its commit durations.
+//! A read_committed reader follows each cell's output. The measured window starts at the
+//! first record that becomes visible once `warmup` seconds have passed since the cell was
+//! ready (start-up, the first commit, the JVM's warm-up are excluded) and ends when the reader
+//! has all N; throughput is the records seen in that window over its length. The CPU time of
+//! the cell's processes, of the broker and of the whole machine is read from `/proc` at both
+//! ends of the window, the load average throughout. After the rounds, Kafka's own
+//! `ProducerPerformance` and `ConsumerPerformance` run once as a cross-check of the ceilings.
+//!
+//! After a pipeline has drained the input, a paced probe of timestamped records measures
+//! end-to-end latency while it keeps up, and the children are stopped with SIGTERM. Each
+//! child's peak RSS (`VmHWM`) is read just before, its whole CPU time comes from `wait4`, and
+//! onceflow's `--summary-json` gives its commit durations. The report (see [`report`]) gives
+//! medians and ranges over the rounds, and per-round (paired) ratios.
 
 mod kafka;
+mod machine;
+mod perf;
 mod procs;
 pub mod report;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -104,13 +119,21 @@ pub struct BenchConfig {
     /// The broker to use; `None` starts one with `scripts/kafka start` (and stops it after).
     pub bootstrap_servers: Option<String>,
     /// The repository (for `scripts/kafka` and `benches/kstreams`); only needed to start a
-    /// broker or to run Kafka Streams.
+    /// broker, to run Kafka Streams or Kafka's perf tools.
     pub repo_dir: Option<PathBuf>,
-    /// The `onceflow` binary to run the pipelines with.
+    /// The `onceflow` binary to run the pipelines and the ceiling clients with.
     pub onceflow_bin: PathBuf,
     pub partitions: Vec<i32>,
-    pub records: u64,
+    /// Records per partition count; `None`: sized from a probe (see the module doc).
+    pub records: Option<u64>,
+    /// The most records a probe may size the input to.
+    pub max_records: u64,
     pub record_size: usize,
+    /// Seconds after a cell is ready that are not measured.
+    pub warmup_secs: f64,
+    /// Seconds the fastest mode should be measured for (the probe sizes the input to it; a
+    /// cell measured for less is marked short).
+    pub measure_secs: f64,
     /// Commit interval of the at-least-once run.
     pub alos_commit_ms: u64,
     /// Commit intervals of the exactly-once runs.
@@ -126,11 +149,14 @@ pub struct BenchConfig {
     /// Probe records a second, and for how long; 0 turns the latency probe off.
     pub probe_rate: u64,
     pub probe_secs: f64,
+    /// Run Kafka's ProducerPerformance and ConsumerPerformance as a cross-check.
+    pub kafka_perf: bool,
     /// Give up on a cell after this long.
     pub cell_timeout: Duration,
-    /// Runs of each pipeline cell (in rounds, so modes alternate); the fastest run is
-    /// reported.
-    pub repeat: u32,
+    /// Rounds: every mode of a partition count runs once per round, in plan order.
+    pub rounds: u32,
+    /// The command line, for the report.
+    pub command: String,
     /// Where bench.csv, bench.md and throughput.svg go.
     pub out_dir: PathBuf,
 }
@@ -148,16 +174,22 @@ impl BenchConfig {
 /// What a cell runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Producing the input (librdkafka, idempotent): the produce-only ceiling.
+    /// Producing N records (librdkafka, idempotent, the pipelines' tuning): the produce-only
+    /// ceiling.
     Produce,
-    /// Reading the input (librdkafka, read_committed): the consume-only ceiling.
-    Consume,
+    /// Reading the input and writing it out, no transaction, no processing: the
+    /// read-process-write ceiling of every pipeline.
+    Rpw,
     /// onceflow, `guarantee: at_least_once`.
     Alos,
     /// onceflow, `guarantee: exactly_once`.
     Eos,
     /// Kafka Streams, `processing.guarantee: exactly_once_v2`.
     KStreams,
+    /// Kafka's `ProducerPerformance` (the cross-check of produce-only).
+    ProducerPerf,
+    /// Kafka's `ConsumerPerformance` over the input (the cross-check of the read side).
+    ConsumerPerf,
 }
 
 /// One measurement: a pipeline (or a ceiling) at one partition count.
@@ -176,42 +208,35 @@ fn interval(ms: u64) -> String {
     }
 }
 
-/// The run with the best throughput among the successful ones (the last failure when every
-/// run failed). Other work on the machine only ever slows a run down, so the fastest run is
-/// the least disturbed one.
-fn best(mut runs: Vec<CellResult>) -> Option<CellResult> {
-    let total = runs.len();
-    let ok = runs
-        .iter()
-        .filter(|r| r.error.is_none())
-        .filter_map(|r| r.records_per_s().map(|v| (v, r)))
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, r)| r.clone());
-    let succeeded = runs.iter().filter(|r| r.error.is_none()).count() as u32;
-    match ok {
-        Some(mut chosen) => {
-            chosen.runs = succeeded;
-            Some(chosen)
-        }
-        None if total > 0 => runs.pop(),
-        None => None,
-    }
-}
-
 impl Spec {
-    /// Whether this cell runs a pipeline (the others measure the broker's ceiling).
+    fn of(kind: Kind) -> Spec {
+        Spec {
+            kind,
+            commit_ms: None,
+            instances: 1,
+        }
+    }
+
+    /// Whether this cell runs a pipeline (the others measure the broker's ceilings).
     pub fn is_pipeline(&self) -> bool {
         matches!(self.kind, Kind::Alos | Kind::Eos | Kind::KStreams)
+    }
+
+    /// Whether this cell is one of Kafka's perf tools (run once, not in the rounds).
+    pub fn is_cross_check(&self) -> bool {
+        matches!(self.kind, Kind::ProducerPerf | Kind::ConsumerPerf)
     }
 
     pub fn label(&self) -> String {
         let ms = self.commit_ms.map(interval).unwrap_or_default();
         let mut label = match self.kind {
             Kind::Produce => "produce-only".to_string(),
-            Kind::Consume => "consume-only".to_string(),
+            Kind::Rpw => "rpw-ceiling".to_string(),
             Kind::Alos => format!("alos-{ms}"),
             Kind::Eos => format!("eos-{ms}"),
             Kind::KStreams => format!("kstreams-eos-{ms}"),
+            Kind::ProducerPerf => "kafka-producer-perf".to_string(),
+            Kind::ConsumerPerf => "kafka-consumer-perf".to_string(),
         };
         if self.instances > 1 {
             label.push_str(&format!("-x{}", self.instances));
@@ -220,79 +245,117 @@ impl Spec {
     }
 }
 
-/// The measurements of one cell.
+/// The measurements of one cell in one round.
 #[derive(Debug, Clone)]
 pub struct CellResult {
     pub partitions: i32,
     pub spec: Spec,
+    /// 0-based; the cross-checks run once, as round 0.
+    pub round: u32,
+    /// Records in the input (what the cell moves in all).
     pub records: u64,
     pub record_size: usize,
-    /// Time to move the N records (see the module doc for where it starts).
-    pub seconds: Option<f64>,
-    /// From launching the pipeline to its first partition assignment.
+    /// Length of the measured window, in seconds.
+    pub window_s: Option<f64>,
+    /// Records that became visible in the window.
+    pub window_records: Option<u64>,
+    /// Whether the window starts after the warm-up (`false`: the cell drained the input
+    /// before the warm-up ended, so the window is all of it).
+    pub warmed_up: bool,
+    /// From launching the cell's processes to the first of them being ready.
     pub startup_s: Option<f64>,
     pub commits: Option<u64>,
     pub commit: Option<Histogram>,
     pub e2e: Option<Histogram>,
-    /// Peak RSS of the largest instance.
+    /// Peak RSS of the largest process.
     pub peak_rss_mib: Option<f64>,
-    /// CPU time (user + system) of the pipeline's processes, from launch to exit.
+    /// CPU time (user + system) of the cell's processes, from launch to exit.
     pub cpu_s: Option<f64>,
-    /// How many successful runs the reported one is the best of.
-    pub runs: u32,
+    /// CPU time of the cell's processes within the window.
+    pub window_cpu_s: Option<f64>,
+    /// The highest 1-minute load average seen while the cell ran.
+    pub load1: Option<f64>,
+    /// Cores the broker used on average in the window.
+    pub broker_cores: Option<f64>,
+    /// Cores the whole machine used on average in the window (everything: this cell, the
+    /// broker, the bench's reader, and whatever else runs here).
+    pub machine_cores: Option<f64>,
     pub error: Option<String>,
 }
 
 impl CellResult {
-    fn new(partitions: i32, spec: Spec, cfg: &BenchConfig) -> CellResult {
+    fn new(partitions: i32, spec: Spec, round: u32, records: u64, cfg: &BenchConfig) -> Self {
         CellResult {
             partitions,
             spec,
-            records: cfg.records,
+            round,
+            records,
             record_size: cfg.record_size,
-            seconds: None,
+            window_s: None,
+            window_records: None,
+            warmed_up: false,
             startup_s: None,
             commits: None,
             commit: None,
             e2e: None,
             peak_rss_mib: None,
             cpu_s: None,
-            runs: 1,
+            window_cpu_s: None,
+            load1: None,
+            broker_cores: None,
+            machine_cores: None,
             error: None,
         }
     }
 
     pub fn records_per_s(&self) -> Option<f64> {
-        self.seconds
-            .filter(|s| *s > 0.0)
-            .map(|s| self.records as f64 / s)
+        if self.error.is_some() {
+            return None;
+        }
+        let s = self.window_s.filter(|s| *s > 0.0)?;
+        Some(self.window_records? as f64 / s)
     }
 
-    /// CPU time of the pipeline per bulk record, in microseconds (start-up, the latency probe
-    /// and shutdown are in the CPU time too, so it overstates a little).
+    /// CPU time of the cell's own processes per record, in the window, in microseconds.
     pub fn cpu_us_per_record(&self) -> Option<f64> {
-        self.cpu_s.map(|c| c * 1e6 / self.records as f64)
+        let n = self.window_records.filter(|n| *n > 0)?;
+        self.error
+            .is_none()
+            .then_some(self.window_cpu_s? * 1e6 / n as f64)
+    }
+
+    /// Records per CPU-second of the cell's own processes, in the window.
+    pub fn records_per_cpu_s(&self) -> Option<f64> {
+        self.cpu_us_per_record()
+            .filter(|us| *us > 0.0)
+            .map(|us| 1e6 / us)
     }
 
     pub fn mb_per_s(&self) -> Option<f64> {
         self.records_per_s()
             .map(|r| r * self.record_size as f64 / 1e6)
     }
+
+    /// Whether the machine was busier than it has cores while this cell ran.
+    pub fn noisy(&self, cores: usize) -> bool {
+        self.load1.is_some_and(|l| l > cores as f64)
+    }
+
+    /// Whether the window missed the warm-up or is shorter than asked (90 % of
+    /// `measure_secs`): such a cell says more about start-up than about steady state.
+    pub fn short(&self, cfg: &BenchConfig) -> bool {
+        !self.spec.is_cross_check()
+            && self.error.is_none()
+            && ((cfg.warmup_secs > 0.0 && !self.warmed_up)
+                || self.window_s.is_some_and(|w| w < cfg.measure_secs * 0.9))
+    }
 }
 
-/// The pipeline cells run at every partition count, in order.
+/// The cells of every round, at every partition count, in order.
 pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
     let mut specs = vec![
-        Spec {
-            kind: Kind::Produce,
-            commit_ms: None,
-            instances: 1,
-        },
-        Spec {
-            kind: Kind::Consume,
-            commit_ms: None,
-            instances: 1,
-        },
+        Spec::of(Kind::Produce),
+        Spec::of(Kind::Rpw),
         Spec {
             kind: Kind::Alos,
             commit_ms: Some(cfg.alos_commit_ms),
@@ -405,6 +468,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let mut broker = Broker::new(cfg)?;
     let bootstrap = broker.bootstrap.as_str();
     let admin = Admin::new(&Cluster::new(bootstrap))?;
+    let broker_pid = machine::bootstrap_port(bootstrap).and_then(machine::listener_pid);
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -414,8 +478,11 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     warm_up(cfg, bootstrap, &admin, run_id)?;
 
     let specs = plan(cfg);
-    let repeat = cfg.repeat.max(1);
-    let bar = progress_bar(cfg, &specs, repeat);
+    let rounds = cfg.rounds.max(1);
+    let bar = progress_bar(cfg, &specs, rounds);
+    if broker_pid.is_none() {
+        bar.println("cannot find the broker's process: its CPU is not recorded");
+    }
     let mut results: Vec<CellResult> = Vec::new();
     for &partitions in &cfg.partitions {
         let input = format!("onceflow-bench-{run_id}-p{partitions}");
@@ -425,16 +492,21 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             admin: &admin,
             input: &input,
             partitions,
+            records: 0,
             run_id,
             round: 0,
             work: &work,
             kstreams_libs: kstreams_libs.as_deref(),
+            broker_pid,
             bar: &bar,
         };
-        results.extend(ctx.run_cells(&specs, repeat));
-        report::write_csv(&cfg.out_dir.join("bench.csv"), &results)?;
+        ctx.run_cells(&specs, rounds, &mut results);
         if let Err(e) = admin.delete_topics(&[&input]) {
             bar.println(format!("could not delete {input}: {e}"));
+        }
+        // An interrupted run keeps the reports of the partition counts it finished.
+        if let Err(e) = write_files(cfg, &results) {
+            bar.println(format!("{e}"));
         }
     }
     bar.finish_and_clear();
@@ -445,13 +517,10 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     Ok(results)
 }
 
-/// A bar of every cell to run: each pipeline `repeat` times, each ceiling once, at every
+/// A bar of every cell to run: each mode once per round, the cross-checks once, at every
 /// partition count.
-fn progress_bar(cfg: &BenchConfig, specs: &[Spec], repeat: u32) -> ProgressBar {
-    let per_count: usize = specs
-        .iter()
-        .map(|s| if s.is_pipeline() { repeat as usize } else { 1 })
-        .sum();
+fn progress_bar(cfg: &BenchConfig, specs: &[Spec], rounds: u32) -> ProgressBar {
+    let per_count = specs.len() * rounds as usize + if cfg.kafka_perf { 2 } else { 0 };
     let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
     bar.set_style(
         ProgressStyle::with_template(
@@ -463,12 +532,18 @@ fn progress_bar(cfg: &BenchConfig, specs: &[Spec], repeat: u32) -> ProgressBar {
     bar
 }
 
-/// Writes bench.md and throughput.svg, and prints the markdown.
-fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
+/// Writes bench.csv, bench.md and throughput.svg; returns the markdown.
+fn write_files(cfg: &BenchConfig, results: &[CellResult]) -> Result<String, BenchError> {
+    report::write_csv(&cfg.out_dir.join("bench.csv"), cfg, results)?;
     let markdown = report::markdown(cfg, results);
     std::fs::write(cfg.out_dir.join("bench.md"), &markdown).map_err(BenchError::io("bench.md"))?;
     report::plot(&cfg.out_dir.join("throughput.svg"), cfg, results)?;
-    println!("{markdown}");
+    Ok(markdown)
+}
+
+/// Writes the reports and prints the markdown.
+fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
+    println!("{}", write_files(cfg, results)?);
     Ok(())
 }
 
@@ -481,29 +556,31 @@ fn warm_up(
     run_id: u64,
 ) -> Result<(), BenchError> {
     let topic = format!("onceflow-bench-{run_id}-warm-up");
-    let records = cfg.records.min(50_000);
+    let records = cfg.records.unwrap_or(50_000).min(50_000);
     let partitions = cfg.partitions.iter().copied().max().unwrap_or(1);
     admin.create_topic(&topic, partitions)?;
     let result = kafka::preload(
         bootstrap,
         &topic,
-        records,
+        0..records,
+        None,
         cfg.record_size,
         cfg.tuning,
         &|_| {},
     )
     .and_then(|_| {
-        kafka::consume_all(
-            bootstrap,
-            &topic,
-            partitions,
-            records,
-            cfg.cell_timeout,
-            &|_| {},
-        )
+        let reader = OutputReader::start(bootstrap, &topic, partitions, records)?;
+        let deadline = Instant::now() + cfg.cell_timeout;
+        while reader.all_bulk_at.get().is_none() {
+            if Instant::now() > deadline || !reader.is_running() {
+                return Err(BenchError::Timeout("reading the warm-up topic back".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        reader.finish().map(|_| ())
     });
     admin.delete_topics(&[&topic])?;
-    result.map(|_| ())
+    result
 }
 
 fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
@@ -523,112 +600,240 @@ fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
     Ok(PathBuf::from(libs))
 }
 
+/// The readings taken at either end of a measured window.
+#[derive(Debug, Clone, Copy)]
+struct Snapshot {
+    at: Instant,
+    /// Records visible to the reader.
+    visible: u64,
+    /// CPU seconds of the cell's processes so far.
+    procs_cpu: Option<f64>,
+    broker_cpu: Option<f64>,
+    machine: Option<machine::MachineCpu>,
+}
+
+impl Snapshot {
+    fn take(at: Instant, visible: u64, procs: &[Proc], broker_pid: Option<u32>) -> Snapshot {
+        let procs_cpu = procs
+            .iter()
+            .map(|p| machine::process_cpu_s(p.id()))
+            .sum::<Option<f64>>();
+        Snapshot {
+            at,
+            visible,
+            procs_cpu,
+            broker_cpu: broker_pid.and_then(machine::process_cpu_s),
+            machine: machine::machine_cpu(),
+        }
+    }
+}
+
+/// How far the `probe` of a partition count is read and written back to size its input.
+const SIZING_SECS: f64 = 3.0;
+/// How much more than the probe's rate the input is sized for (the probe itself is noisy,
+/// and the quickest mode of a shared machine's quiet minute beats it).
+const SIZING_MARGIN: f64 = 1.6;
+/// How long the probe may wait for its first record.
+const SIZING_GIVE_UP: Duration = Duration::from_secs(30);
+
 struct CellCtx<'a> {
     cfg: &'a BenchConfig,
     bootstrap: &'a str,
     admin: &'a Admin,
     input: &'a str,
     partitions: i32,
+    /// Records in the input, once preloaded.
+    records: u64,
     run_id: u64,
     round: u32,
     work: &'a Path,
     kstreams_libs: Option<&'a Path>,
+    broker_pid: Option<u32>,
     bar: &'a ProgressBar,
 }
 
 impl CellCtx<'_> {
     fn progress(&self, label: &str, n: u64) {
         self.bar.set_message(format!(
-            "p={} {label}: {n}/{} records",
-            self.partitions, self.cfg.records
+            "p={} r{} {label}: {n}/{} records",
+            self.partitions, self.round, self.records
         ));
     }
 
-    /// Runs every cell of `specs` at this partition count over a fresh input topic, the
-    /// pipelines `repeat` times in rounds, and keeps the best run of each.
-    fn run_cells(&mut self, specs: &[Spec], repeat: u32) -> Vec<CellResult> {
+    /// Sizes and preloads the input at this partition count, then runs every cell of `specs`
+    /// once per round, then the cross-checks; appends each result to `results` (and rewrites
+    /// bench.csv after each).
+    fn run_cells(&mut self, specs: &[Spec], rounds: u32, results: &mut Vec<CellResult>) {
         let partitions = self.partitions;
-        let mut input_ready = self
+        let input_ready = self
             .admin
             .create_topic(self.input, partitions)
-            .map_err(BenchError::from);
-        let mut runs: Vec<Vec<CellResult>> = vec![Vec::new(); specs.len()];
-        for round in 0..repeat {
+            .map_err(BenchError::from)
+            .and_then(|()| self.preload_input());
+        if let Err(e) = &input_ready {
+            self.bar.println(format!("p={partitions}: no input: {e}"));
+        }
+        let record = |ctx: &Self, result: CellResult, results: &mut Vec<CellResult>| {
+            results.push(result);
+            if let Err(e) = report::write_csv(&ctx.cfg.out_dir.join("bench.csv"), ctx.cfg, results)
+            {
+                ctx.bar.println(format!("{e}"));
+            }
+            ctx.bar.inc(1);
+        };
+        for round in 0..rounds {
             self.round = round;
-            for (i, spec) in specs.iter().enumerate() {
-                if round > 0 && !spec.is_pipeline() {
-                    continue;
-                }
-                let mut result = CellResult::new(partitions, *spec, self.cfg);
+            for spec in specs {
+                let mut result = CellResult::new(partitions, *spec, round, self.records, self.cfg);
                 self.bar
-                    .set_message(format!("p={partitions} {}", spec.label()));
+                    .set_message(format!("p={partitions} r{round} {}", spec.label()));
                 let outcome = match &input_ready {
                     Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
                     Ok(()) => self.run_cell(&mut result),
                 };
                 if let Err(e) = outcome {
                     self.bar
-                        .println(format!("p={partitions} {}: {e}", spec.label()));
-                    if spec.kind == Kind::Produce {
-                        input_ready = Err(BenchError::Other(format!("preload failed: {e}")));
-                    }
+                        .println(format!("p={partitions} r{round} {}: {e}", spec.label()));
                     result.error = Some(e.to_string());
                 }
-                runs[i].push(result);
-                self.bar.inc(1);
+                record(self, result, results);
             }
         }
-        runs.into_iter().filter_map(best).collect()
+        if self.cfg.kafka_perf {
+            self.round = 0;
+            let produce_rate = stats::Summary::of(
+                results
+                    .iter()
+                    .filter(|r| r.partitions == partitions && r.spec.kind == Kind::Produce)
+                    .filter_map(CellResult::records_per_s),
+            )
+            .map(|s| s.median);
+            for kind in [Kind::ProducerPerf, Kind::ConsumerPerf] {
+                let mut result = CellResult::new(partitions, Spec::of(kind), 0, 0, self.cfg);
+                self.bar
+                    .set_message(format!("p={partitions} {}", result.spec.label()));
+                let outcome = match &input_ready {
+                    Err(e) => Err(BenchError::Other(format!("no input: {e}"))),
+                    Ok(()) => self.run_perf(&mut result, produce_rate),
+                };
+                if let Err(e) = outcome {
+                    self.bar
+                        .println(format!("p={partitions} {}: {e}", result.spec.label()));
+                    result.error = Some(e.to_string());
+                }
+                record(self, result, results);
+            }
+        }
+    }
+
+    /// Preloads the input: `--records` of them, or as many as the fastest mode needs for
+    /// `warmup + measure` seconds by a short probe: produce for a few seconds, read that
+    /// back and write it to a throwaway topic (the read-process-write ceiling, which no
+    /// pipeline beats), then top the input up to that rate times the time, with a margin.
+    fn preload_input(&mut self) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let progress = |n| {
+            self.bar
+                .set_message(format!("p={} preload: {n} records", self.partitions))
+        };
+        if let Some(n) = cfg.records {
+            kafka::preload(
+                self.bootstrap,
+                self.input,
+                0..n,
+                None,
+                cfg.record_size,
+                cfg.tuning,
+                &progress,
+            )?;
+            self.records = n;
+            return Ok(());
+        }
+        let sizing = Duration::from_secs_f64(SIZING_SECS);
+        let (first, _) = kafka::preload(
+            self.bootstrap,
+            self.input,
+            0..cfg.max_records,
+            Some(Instant::now() + sizing),
+            cfg.record_size,
+            cfg.tuning,
+            &progress,
+        )?;
+        let scratch = format!("{}-sizing", self.input);
+        self.admin.create_topic(&scratch, self.partitions)?;
+        self.bar
+            .set_message(format!("p={} sizing probe", self.partitions));
+        // The rate counts from the first record written: the client's start (connecting,
+        // the first fetch) is no part of a steady cell either.
+        let started = Instant::now();
+        let first_written: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
+        let moved = kafka::read_process_write(
+            self.bootstrap,
+            self.input,
+            self.partitions,
+            &scratch,
+            cfg.tuning,
+            &|n| {
+                if n > 0 && first_written.get().is_none() {
+                    first_written.set(Some(Instant::now()));
+                }
+                let probed = first_written.get().is_some_and(|t| t.elapsed() >= sizing);
+                !probed && n < first && started.elapsed() < SIZING_GIVE_UP
+            },
+        );
+        let took = first_written
+            .get()
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let _ = self.admin.delete_topics(&[&scratch]);
+        let rate = moved? as f64 / took.max(1e-3);
+        let want = (rate * (cfg.warmup_secs + cfg.measure_secs) * SIZING_MARGIN) as u64;
+        let want = want.clamp(first, cfg.max_records.max(first));
+        self.bar.println(format!(
+            "p={}: probe {:.0} records/s read-process-write: input sized to {want} records",
+            self.partitions, rate
+        ));
+        kafka::preload(
+            self.bootstrap,
+            self.input,
+            first..want,
+            None,
+            cfg.record_size,
+            cfg.tuning,
+            &|n| progress(first + n),
+        )?;
+        self.records = want;
+        Ok(())
     }
 
     fn run_cell(&self, result: &mut CellResult) -> Result<(), BenchError> {
         let label = result.spec.label();
-        let cfg = self.cfg;
-        match result.spec.kind {
-            Kind::Produce => {
-                let took = kafka::preload(
-                    self.bootstrap,
-                    self.input,
-                    cfg.records,
-                    cfg.record_size,
-                    cfg.tuning,
-                    &|n| self.progress(&label, n),
-                )?;
-                result.seconds = Some(took.as_secs_f64());
-                Ok(())
-            }
-            Kind::Consume => {
-                let took = kafka::consume_all(
-                    self.bootstrap,
-                    self.input,
-                    self.partitions,
-                    cfg.records,
-                    cfg.cell_timeout,
-                    &|n| self.progress(&label, n),
-                )?;
-                result.seconds = Some(took.as_secs_f64());
-                Ok(())
-            }
-            Kind::Alos | Kind::Eos | Kind::KStreams => {
-                // The probe records go through a topic of their own, which the pipeline
-                // reads besides the input, so no cell processes an earlier cell's probes.
-                let output = format!("{}-{label}-r{}", self.input, self.round);
-                let probe = format!("{output}-probe");
-                let outcome = self
-                    .admin
-                    .create_topic(&output, self.partitions)
-                    .and_then(|()| self.admin.create_topic(&probe, 1))
-                    .map_err(BenchError::from)
-                    .and_then(|()| self.run_pipeline(result, &output, &probe));
-                if let Err(e) = self.admin.delete_topics(&[&output, &probe]) {
-                    self.bar.println(format!("could not delete {output}: {e}"));
-                }
-                outcome
-            }
+        // The probe records go through a topic of their own, which the pipeline reads
+        // besides the input, so no cell processes an earlier cell's probes.
+        let output = format!("{}-{label}-r{}", self.input, self.round);
+        let probe = format!("{output}-probe");
+        let mut topics = vec![output.as_str()];
+        if result.spec.is_pipeline() {
+            topics.push(&probe);
         }
+        let outcome = self
+            .admin
+            .create_topic(&output, self.partitions)
+            .and_then(|()| {
+                if result.spec.is_pipeline() {
+                    self.admin.create_topic(&probe, 1)
+                } else {
+                    Ok(())
+                }
+            })
+            .map_err(BenchError::from)
+            .and_then(|()| self.run_timed(result, &output, &probe));
+        if let Err(e) = self.admin.delete_topics(&topics) {
+            self.bar.println(format!("could not delete {output}: {e}"));
+        }
+        outcome
     }
 
-    /// Starts the pipeline's processes (not yet processing: they report readiness).
+    /// Starts the cell's processes (not yet processing: they report readiness).
     fn launch(
         &self,
         spec: Spec,
@@ -645,31 +850,71 @@ impl CellCtx<'_> {
             self.round
         );
         let commit_ms = spec.commit_ms.unwrap_or(100);
-        if spec.kind == Kind::KStreams {
-            let libs = self
-                .kstreams_libs
-                .ok_or_else(|| BenchError::Other("Kafka Streams libraries not fetched".into()))?;
-            let mut cmd = Command::new(java());
-            cmd.args(&cfg.java_opts)
-                .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
-                .arg("-cp")
-                .arg(format!("{}/*", libs.display()))
-                .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
+        let client = |args: &[&str]| {
+            let mut cmd = Command::new(&cfg.onceflow_bin);
+            cmd.arg("bench")
+                .args(args)
                 .args(["--bootstrap-servers", self.bootstrap])
-                .args(["--application-id", &name])
-                .args(["--input", self.input, "--probe-input", probe])
-                .args(["--output", output])
-                .args(["--commit-interval-ms", &commit_ms.to_string()])
-                .args(["--threads", "1"])
+                .args(["--record-size", &cfg.record_size.to_string()])
                 .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
-                .args(["--batch-size", &cfg.tuning.batch_size.to_string()])
-                .arg("--state-dir")
-                .arg(dir.join("state"));
-            return Ok(vec![Proc::spawn(
-                "Kafka Streams",
-                cmd,
-                "onceflow-bench: running",
-            )?]);
+                .args(["--batch-size", &cfg.tuning.batch_size.to_string()]);
+            Proc::spawn(&spec.label(), cmd, CLIENT_READY).map(|p| vec![p])
+        };
+        match spec.kind {
+            Kind::Produce => {
+                return client(&[
+                    "--client",
+                    "produce",
+                    "--client-topic",
+                    output,
+                    "--records",
+                    &self.records.to_string(),
+                ]);
+            }
+            Kind::Rpw => {
+                return client(&[
+                    "--client",
+                    "rpw",
+                    "--client-topic",
+                    self.input,
+                    "--client-output",
+                    output,
+                    "--partitions",
+                    &self.partitions.to_string(),
+                ]);
+            }
+            Kind::ProducerPerf | Kind::ConsumerPerf => {
+                return Err(BenchError::Other(
+                    "a cross-check is not a timed cell".into(),
+                ));
+            }
+            Kind::KStreams => {
+                let libs = self.kstreams_libs.ok_or_else(|| {
+                    BenchError::Other("Kafka Streams libraries not fetched".into())
+                })?;
+                let mut cmd = Command::new(java());
+                cmd.args(&cfg.java_opts)
+                    .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+                    .arg("-cp")
+                    .arg(format!("{}/*", libs.display()))
+                    .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
+                    .args(["--bootstrap-servers", self.bootstrap])
+                    .args(["--application-id", &name])
+                    .args(["--input", self.input, "--probe-input", probe])
+                    .args(["--output", output])
+                    .args(["--commit-interval-ms", &commit_ms.to_string()])
+                    .args(["--threads", "1"])
+                    .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
+                    .args(["--batch-size", &cfg.tuning.batch_size.to_string()])
+                    .arg("--state-dir")
+                    .arg(dir.join("state"));
+                return Ok(vec![Proc::spawn(
+                    "Kafka Streams",
+                    cmd,
+                    "onceflow-bench: running",
+                )?]);
+            }
+            Kind::Alos | Kind::Eos => {}
         }
         let guarantee = if spec.kind == Kind::Alos {
             "at_least_once"
@@ -711,7 +956,8 @@ impl CellCtx<'_> {
             .collect()
     }
 
-    fn run_pipeline(
+    /// Runs one timed cell: launch, measure the window, probe the latency (pipelines), stop.
+    fn run_timed(
         &self,
         result: &mut CellResult,
         output: &str,
@@ -724,8 +970,12 @@ impl CellCtx<'_> {
             .work
             .join(format!("p{}-{label}-r{}", self.partitions, self.round));
         std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
-        let reader = OutputReader::start(self.bootstrap, output, self.partitions, cfg.records)?;
-        let probes = (cfg.probe_rate as f64 * cfg.probe_secs).round() as u64;
+        let reader = OutputReader::start(self.bootstrap, output, self.partitions, self.records)?;
+        let probes = if spec.is_pipeline() {
+            (cfg.probe_rate as f64 * cfg.probe_secs).round() as u64
+        } else {
+            0
+        };
         let prober = if probes > 0 {
             Some(kafka::Prober::new(self.bootstrap, probe, cfg.record_size)?)
         } else {
@@ -733,35 +983,131 @@ impl CellCtx<'_> {
         };
         let launched = Instant::now();
         let mut procs = self.launch(spec, output, probe, &dir)?;
-
-        self.wait_for(&mut procs, &reader, &label, "processing", &|| {
-            reader.all_bulk_at.get().is_some()
-        })?;
-        let all_at = *reader.all_bulk_at.get().unwrap_or(&launched);
-        let ready = procs
-            .iter()
-            .filter_map(|p| p.ready.get().copied())
-            .min()
-            .unwrap_or(launched);
-        result.seconds = Some(all_at.duration_since(ready).as_secs_f64());
-        result.startup_s = Some(ready.duration_since(launched).as_secs_f64());
+        self.measure(&mut procs, &reader, result, launched)?;
 
         if let Some(prober) = &prober {
-            self.bar
-                .set_message(format!("p={} {label}: latency probe", self.partitions));
+            self.bar.set_message(format!(
+                "p={} r{} {label}: latency probe",
+                self.partitions, self.round
+            ));
             prober.run(probes, cfg.probe_rate)?;
-            self.wait_for(&mut procs, &reader, &label, "latency probe", &|| {
-                reader.probes.load(std::sync::atomic::Ordering::Relaxed) >= probes
+            self.wait_for(&mut procs, &reader, "latency probe", &|| {
+                reader.probes.load(Ordering::Relaxed) >= probes
             })?;
         }
 
-        let stopped = stop(&mut procs, spec.kind, &dir)?;
+        let stopped = stop(&mut procs, spec, &dir)?;
         let report = reader.finish()?;
-        result.commits = Some(stopped.commits);
-        result.commit = Some(stopped.commit);
+        result.commits = stopped.commits;
+        result.commit = stopped.commit;
         result.e2e = (report.e2e.count() > 0).then_some(report.e2e);
         result.peak_rss_mib = (stopped.rss_kib > 0).then(|| stopped.rss_kib as f64 / 1024.0);
         result.cpu_s = Some(stopped.cpu_s);
+        Ok(())
+    }
+
+    /// Follows the reader until all the input is visible and fills in the window: it starts
+    /// at the first record that becomes visible `warmup` seconds after the cell is ready
+    /// (with read_committed, a commit boundary), or when it is ready if the warm-up is 0 or
+    /// the cell drained the input before it ended; it ends when the last record is visible.
+    fn measure(
+        &self,
+        procs: &mut [Proc],
+        reader: &OutputReader,
+        result: &mut CellResult,
+        launched: Instant,
+    ) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let label = result.spec.label();
+        let warmup = Duration::from_secs_f64(cfg.warmup_secs.max(0.0));
+        let deadline = Instant::now() + cfg.cell_timeout;
+        let mut ready: Option<(Instant, Snapshot)> = None;
+        let mut start: Option<Snapshot> = None;
+        let mut previous = 0;
+        let mut load = machine::load1();
+        let mut load_read = Instant::now();
+        let end = loop {
+            let now = Instant::now();
+            let visible = reader.bulk.load(Ordering::Relaxed);
+            if let Some(&at) = reader.all_bulk_at.get() {
+                break Snapshot::take(at, self.records, procs, self.broker_pid);
+            }
+            self.check(procs, reader, now, deadline, "processing")?;
+            if ready.is_none()
+                && let Some(at) = procs.iter().filter_map(|p| p.ready.get().copied()).min()
+            {
+                // Nothing is visible before the cell is ready: the window of a cell without
+                // a warm-up starts at 0 records, when it said it was ready.
+                ready = Some((at, Snapshot::take(at, 0, procs, self.broker_pid)));
+            }
+            if let Some((at, _)) = ready
+                && start.is_none()
+                && now >= at + warmup
+                && (warmup.is_zero() || visible > previous)
+            {
+                start = Some(Snapshot::take(now, visible, procs, self.broker_pid));
+            }
+            if now.duration_since(load_read) >= Duration::from_secs(1) {
+                load = max_load(load, machine::load1());
+                load_read = now;
+            }
+            previous = visible;
+            self.progress(&label, visible);
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        load = max_load(load, machine::load1());
+        let Some((ready_at, at_ready)) = ready else {
+            return Err(BenchError::Other(format!(
+                "{label} moved every record before it said it was ready"
+            )));
+        };
+        result.warmed_up = start.is_some();
+        let start = start.unwrap_or(at_ready);
+        let window = end.at.saturating_duration_since(start.at).as_secs_f64();
+        let delta = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+        result.startup_s = Some(ready_at.duration_since(launched).as_secs_f64());
+        result.window_s = Some(window);
+        result.window_records = Some(end.visible.saturating_sub(start.visible));
+        result.window_cpu_s = delta(start.procs_cpu, end.procs_cpu);
+        result.load1 = load;
+        if window > 0.0 {
+            result.broker_cores = delta(start.broker_cpu, end.broker_cpu).map(|c| c / window);
+            result.machine_cores = match (start.machine, end.machine) {
+                (Some(a), Some(b)) if b.total_s > a.total_s => {
+                    // busy share of all cores, times the cores
+                    Some((b.busy_s - a.busy_s) / (b.total_s - a.total_s) * machine::cores() as f64)
+                }
+                _ => None,
+            };
+        }
+        Ok(())
+    }
+
+    /// Fails when a process has exited, the reader stopped, or the cell timed out.
+    fn check(
+        &self,
+        procs: &mut [Proc],
+        reader: &OutputReader,
+        now: Instant,
+        deadline: Instant,
+        what: &str,
+    ) -> Result<(), BenchError> {
+        if now > deadline {
+            return Err(BenchError::Timeout(format!(
+                "{what}: {} of {} records visible after {:?}",
+                reader.bulk.load(Ordering::Relaxed),
+                self.records,
+                self.cfg.cell_timeout
+            )));
+        }
+        for p in procs.iter_mut() {
+            if let Some(exit) = p.exited() {
+                return Err(p.failure(&format!("exited early ({:?})", exit.code)));
+            }
+        }
+        if !reader.is_running() {
+            return Err(BenchError::ReaderStopped);
+        }
         Ok(())
     }
 
@@ -771,66 +1117,113 @@ impl CellCtx<'_> {
         &self,
         procs: &mut [Proc],
         reader: &OutputReader,
-        label: &str,
         what: &str,
         done: &dyn Fn() -> bool,
     ) -> Result<(), BenchError> {
-        let cfg = self.cfg;
-        let deadline = Instant::now() + cfg.cell_timeout;
+        let deadline = Instant::now() + self.cfg.cell_timeout;
         while !done() {
-            if Instant::now() > deadline {
-                return Err(BenchError::Timeout(format!(
-                    "{what}: {} of {} records visible after {:?}",
-                    reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-                    cfg.records,
-                    cfg.cell_timeout
-                )));
-            }
-            for p in procs.iter_mut() {
-                if let Some(exit) = p.exited() {
-                    return Err(p.failure(&format!("exited early ({:?})", exit.code)));
-                }
-            }
-            if !reader.is_running() {
-                return Err(BenchError::ReaderStopped);
-            }
-            self.progress(
-                label,
-                reader.bulk.load(std::sync::atomic::Ordering::Relaxed),
-            );
+            self.check(procs, reader, Instant::now(), deadline, what)?;
             std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Runs one of Kafka's perf tools (see [`perf`]); `produce_rate` (the produce-only
+    /// median) sizes ProducerPerformance's run to about `measure` seconds.
+    fn run_perf(
+        &self,
+        result: &mut CellResult,
+        produce_rate: Option<f64>,
+    ) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let script = cfg.repo_dir()?.join("scripts/kafka");
+        let dir = self
+            .work
+            .join(format!("p{}-{}", self.partitions, result.spec.label()));
+        std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
+        let (topic, records) = match result.spec.kind {
+            Kind::ProducerPerf => {
+                let topic = format!("{}-producer-perf", self.input);
+                self.admin.create_topic(&topic, self.partitions)?;
+                let n = produce_rate
+                    .map(|r| (r * (cfg.warmup_secs + cfg.measure_secs)) as u64)
+                    .unwrap_or(self.records)
+                    .clamp(1, self.records.max(1));
+                (topic, n)
+            }
+            _ => (self.input.to_string(), self.records),
+        };
+        result.records = records;
+        let tool = perf::Tool {
+            script: &script,
+            bootstrap: self.bootstrap,
+            topic: &topic,
+            records,
+            record_size: cfg.record_size,
+            tuning: cfg.tuning,
+            group: format!("bench-{}-p{}-consumer-perf", self.run_id, self.partitions),
+            dir: &dir,
+        };
+        let before = Snapshot::take(Instant::now(), 0, &[], self.broker_pid);
+        let outcome = tool.run(result.spec.kind, cfg.cell_timeout);
+        let after = Snapshot::take(Instant::now(), 0, &[], self.broker_pid);
+        if result.spec.kind == Kind::ProducerPerf {
+            let _ = self.admin.delete_topics(&[&topic]);
+        }
+        let ran = outcome?;
+        let window = after.at.duration_since(before.at).as_secs_f64();
+        result.warmed_up = false;
+        result.window_records = Some(ran.records);
+        result.window_s = Some(ran.records as f64 / ran.records_per_s);
+        // The tools' CPU time covers the JVM's start too: an upper bound.
+        result.cpu_s = Some(ran.cpu_s);
+        result.window_cpu_s = Some(ran.cpu_s);
+        result.peak_rss_mib = ran.rss_kib.map(|k| k as f64 / 1024.0);
+        result.load1 = machine::load1();
+        if window > 0.0 {
+            result.broker_cores = before
+                .broker_cpu
+                .zip(after.broker_cpu)
+                .map(|(a, b)| (b - a) / window);
         }
         Ok(())
     }
 }
 
-/// What a pipeline's processes reported once stopped.
+/// What a cell's processes reported once stopped.
 struct Stopped {
-    commits: u64,
-    commit: Histogram,
+    commits: Option<u64>,
+    commit: Option<Histogram>,
     /// Peak RSS of the largest process.
     rss_kib: u64,
     /// CPU time of them all.
     cpu_s: f64,
 }
 
-/// Reads the processes' peak RSS, stops them with SIGTERM, and reads their commit summaries
-/// (onceflow's `summary-<i>.json` in `dir`, the Kafka Streams peer's last summary line).
-fn stop(procs: &mut [Proc], kind: Kind, dir: &Path) -> Result<Stopped, BenchError> {
+/// Reads the processes' peak RSS, stops them with SIGTERM, and reads the pipelines' commit
+/// summaries (onceflow's `summary-<i>.json` in `dir`, the Kafka Streams peer's last summary
+/// line).
+fn stop(procs: &mut [Proc], spec: Spec, dir: &Path) -> Result<Stopped, BenchError> {
+    let mut commits = 0;
+    let mut commit = Histogram::default();
     let mut stopped = Stopped {
-        commits: 0,
-        commit: Histogram::default(),
+        commits: None,
+        commit: None,
         rss_kib: 0,
         cpu_s: 0.0,
     };
     for p in procs.iter() {
         stopped.rss_kib = stopped.rss_kib.max(p.peak_rss_kib().unwrap_or(0));
     }
+    let kind = spec.kind;
     for (i, p) in procs.iter_mut().enumerate() {
         let exit = p.terminate(Duration::from_secs(60));
         stopped.cpu_s += exit.cpu_s;
         if exit.code != Some(0) && kind != Kind::KStreams {
             return Err(p.failure(&format!("did not stop cleanly ({:?})", exit.code)));
+        }
+        if !spec.is_pipeline() {
+            continue;
         }
         let summary = if kind == Kind::KStreams {
             p.output()
@@ -845,10 +1238,92 @@ fn stop(procs: &mut [Proc], kind: Kind, dir: &Path) -> Result<Stopped, BenchErro
         };
         let (n, h) = parse_commits(&summary)
             .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
-        stopped.commits += n;
-        stopped.commit.merge(&h);
+        commits += n;
+        commit.merge(&h);
+    }
+    if spec.is_pipeline() {
+        stopped.commits = Some(commits);
+        stopped.commit = Some(commit);
     }
     Ok(stopped)
+}
+
+fn max_load(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The line a ceiling client prints once it is ready to go.
+const CLIENT_READY: &str = "onceflow-bench: running";
+
+/// What a ceiling client child (`onceflow bench --client ...`) runs.
+#[derive(Debug, Clone)]
+pub enum Client {
+    /// Write `records` records to `topic`, then wait to be stopped.
+    Produce { topic: String, records: u64 },
+    /// Read `input` (`partitions` partitions) and write it to `output` until stopped.
+    Rpw {
+        input: String,
+        partitions: i32,
+        output: String,
+    },
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigterm(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Runs a ceiling client in this process until SIGTERM (then returns `Ok`, exit code 0).
+pub fn run_client(
+    bootstrap: &str,
+    client: &Client,
+    record_size: usize,
+    tuning: ProducerTuning,
+) -> Result<(), BenchError> {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            on_sigterm as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        )
+    };
+    let go_on = || !STOP.load(Ordering::Relaxed);
+    let ready = || {
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "{CLIENT_READY}");
+        let _ = out.flush();
+    };
+    match client {
+        Client::Produce { topic, records } => {
+            ready();
+            kafka::preload(
+                bootstrap,
+                topic,
+                0..*records,
+                None,
+                record_size,
+                tuning,
+                &|_| {},
+            )?;
+            while go_on() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Client::Rpw {
+            input,
+            partitions,
+            output,
+        } => {
+            ready();
+            kafka::read_process_write(bootstrap, input, *partitions, output, tuning, &|_| go_on())?;
+        }
+    }
+    Ok(())
 }
 
 fn java() -> PathBuf {

@@ -94,6 +94,11 @@ impl Proc {
         })
     }
 
+    /// The child's process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     fn pid(&self) -> libc::pid_t {
         self.child.id() as libc::pid_t
     }

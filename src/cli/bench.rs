@@ -18,9 +18,21 @@ pub struct BenchArgs {
     /// Partition counts to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     partitions: Vec<i32>,
-    /// Records preloaded per partition count.
-    #[arg(long, default_value_t = 1_000_000)]
-    records: u64,
+    /// Records preloaded per partition count. Default: sized from a short probe so that the
+    /// fastest mode runs for --warmup-secs + --measure-secs.
+    #[arg(long)]
+    records: Option<u64>,
+    /// The most records the probe may size the input to.
+    #[arg(long, default_value_t = 6_000_000)]
+    max_records: u64,
+    /// Seconds after a cell is ready that are not measured (start-up, first commits, the
+    /// JVM's warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    warmup_secs: f64,
+    /// Seconds each cell should be measured for after its warm-up (the probe sizes the input
+    /// to the fastest mode; a cell measured for less is marked short).
+    #[arg(long, default_value_t = 15.0)]
+    measure_secs: f64,
     /// Value size of each record, in bytes.
     #[arg(long, default_value_t = 1024)]
     record_size: usize,
@@ -58,10 +70,22 @@ pub struct BenchArgs {
     /// Give up on a cell after this many seconds.
     #[arg(long, default_value_t = 900)]
     cell_timeout_secs: u64,
-    /// Runs of each pipeline cell, in rounds so the modes alternate; the fastest run is
-    /// reported (other work on the machine only slows runs down).
-    #[arg(long, default_value_t = 1)]
-    repeat: u32,
+    /// Rounds: every mode of a partition count runs once per round, interleaved (A B C A B C
+    /// ...); figures are medians with their range, ratios are taken per round.
+    #[arg(long, alias = "repeat", default_value_t = 3)]
+    rounds: u32,
+    /// Leave out Kafka's ProducerPerformance / ConsumerPerformance cross-check.
+    #[arg(long)]
+    no_kafka_perf: bool,
+    /// Run a ceiling client instead of the bench (what the bench starts as a child process):
+    /// `produce` writes --records records to --client-topic and waits for SIGTERM; `rpw`
+    /// reads --client-topic and writes it to --client-output until SIGTERM.
+    #[arg(long, hide = true, value_parser = ["produce", "rpw"])]
+    client: Option<String>,
+    #[arg(long, hide = true)]
+    client_topic: Option<String>,
+    #[arg(long, hide = true)]
+    client_output: Option<String>,
     /// Where to write bench.csv, bench.md and throughput.svg.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -110,13 +134,49 @@ fn repo_dir(given: Option<PathBuf>, needs: bool) -> anyhow::Result<Option<PathBu
     Ok(found)
 }
 
+/// Runs a ceiling client (`--client`) of a bench that started this process.
+fn run_client(args: BenchArgs, kind: &str) -> anyhow::Result<bool> {
+    let bootstrap = args
+        .bootstrap_servers
+        .context("--client needs --bootstrap-servers")?;
+    let topic = args.client_topic.context("--client needs --client-topic")?;
+    let client = if kind == "produce" {
+        bench::Client::Produce {
+            topic,
+            records: args.records.context("--client produce needs --records")?,
+        }
+    } else {
+        bench::Client::Rpw {
+            input: topic,
+            partitions: args.partitions.first().copied().unwrap_or(1),
+            output: args
+                .client_output
+                .context("--client rpw needs --client-output")?,
+        }
+    };
+    let tuning = bench::ProducerTuning {
+        linger_ms: args.linger_ms,
+        batch_size: args.batch_size,
+    };
+    bench::run_client(&bootstrap, &client, args.record_size, tuning)?;
+    Ok(true)
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    if let Some(kind) = args.client.clone() {
+        return run_client(args, &kind);
+    }
+    anyhow::ensure!(
+        args.warmup_secs >= 0.0 && args.measure_secs > 0.0,
+        "--warmup-secs must be >= 0 and --measure-secs > 0"
+    );
     let kstreams_commit_ms = if args.no_kstreams {
         Vec::new()
     } else {
         args.kstreams_commit_ms
     };
-    let needs_repo = args.bootstrap_servers.is_none() || !kstreams_commit_ms.is_empty();
+    let needs_repo =
+        args.bootstrap_servers.is_none() || !kstreams_commit_ms.is_empty() || !args.no_kafka_perf;
     let config = BenchConfig {
         repo_dir: repo_dir(args.repo_dir, needs_repo)?,
         bootstrap_servers: args.bootstrap_servers,
@@ -124,6 +184,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
             .context("cannot find the onceflow binary to run the pipelines with")?,
         partitions: args.partitions,
         records: args.records,
+        max_records: args.max_records,
+        warmup_secs: args.warmup_secs,
+        measure_secs: args.measure_secs,
         record_size: args.record_size,
         alos_commit_ms: args.alos_commit_ms,
         eos_commit_ms: args.eos_commit_ms,
@@ -140,14 +203,35 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         },
         probe_rate: args.probe_rate,
         probe_secs: args.probe_secs,
+        kafka_perf: !args.no_kafka_perf,
         cell_timeout: Duration::from_secs(args.cell_timeout_secs),
-        repeat: args.repeat,
+        rounds: args.rounds,
+        command: command_line(),
         out_dir: args.out,
     };
     let results = bench::run(&config)?;
     let failed = results.iter().filter(|r| r.error.is_some()).count();
     anyhow::ensure!(failed == 0, "{failed} cell(s) failed; see bench.csv");
     Ok(true)
+}
+
+/// This command line as typed (the program by its file name), for the report.
+fn command_line() -> String {
+    std::env::args()
+        .enumerate()
+        .map(|(i, a)| {
+            let a = if i == 0 {
+                Path::new(&a)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or(a)
+            } else {
+                a
+            };
+            if a.contains(' ') { format!("'{a}'") } else { a }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -1,0 +1,197 @@
+//! What the machine was doing while a cell ran, from `/proc`: the load average, the CPU time
+//! of the whole machine, of the broker and of the process under test.
+//!
+//! The broker is found by the port it listens on (`/proc/net/tcp*`, then the process holding
+//! that socket), so a broker the bench did not start is measured too, as long as it runs on
+//! this machine under a user whose `/proc/<pid>/fd` can be read.
+
+use std::path::Path;
+
+/// Clock ticks a second of the times in `/proc/<pid>/stat` and `/proc/stat`.
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// The 1-minute load average.
+pub fn load1() -> Option<f64> {
+    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
+fn parse_loadavg(text: &str) -> Option<f64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The number of cores this process may run on.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// CPU time (user + system, all threads) of process `pid` so far, in seconds.
+pub fn process_cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_pid_stat(&stat).map(|ticks| ticks as f64 / ticks_per_s())
+}
+
+/// utime + stime, in ticks, of a `/proc/<pid>/stat` line (fields 14 and 15; the command
+/// name in parentheses may hold spaces, so count from the last `)`).
+fn parse_pid_stat(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state): utime is field 14, stime field 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Busy and total CPU time of the whole machine so far (the `cpu` line of `/proc/stat`), in
+/// seconds summed over cores.
+#[derive(Debug, Clone, Copy)]
+pub struct MachineCpu {
+    pub busy_s: f64,
+    pub total_s: f64,
+}
+
+pub fn machine_cpu() -> Option<MachineCpu> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_proc_stat(text: &str) -> Option<MachineCpu> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest times are inside user).
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    let tps = ticks_per_s();
+    Some(MachineCpu {
+        busy_s: total.saturating_sub(idle) as f64 / tps,
+        total_s: total as f64 / tps,
+    })
+}
+
+/// The process listening on TCP `port` of this machine, if it can be found.
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = std::fs::read_to_string(table) {
+            inodes.extend(listening_inodes(&text, port));
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path())
+                && wanted.iter().any(|w| Path::new(w) == target)
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+/// Inodes of the sockets listening on `port` in a `/proc/net/tcp` table.
+fn listening_inodes(table: &str, port: u16) -> Vec<u64> {
+    const LISTEN: &str = "0A";
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f.get(1)?.rsplit(':').next()?;
+            let port_matches = u16::from_str_radix(local_port, 16).ok()? == port;
+            (port_matches && *f.get(3)? == LISTEN).then(|| f.get(9)?.parse().ok())?
+        })
+        .collect()
+}
+
+/// The port of the first `host:port` of a bootstrap list.
+pub fn bootstrap_port(bootstrap: &str) -> Option<u16> {
+    bootstrap
+        .split(',')
+        .next()?
+        .trim()
+        .rsplit(':')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// One line about the machine: cores, CPU model, memory.
+pub fn describe() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map(|kib| kib / 1024.0 / 1024.0);
+    match mem_gib {
+        Some(g) => format!("{} cores ({model}), {g:.0} GiB", cores()),
+        None => format!("{} cores ({model})", cores()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_files_parse() {
+        assert_eq!(parse_loadavg("2.50 1.00 0.50 3/400 1234\n"), Some(2.5));
+        assert_eq!(parse_loadavg(""), None);
+        // A command name with spaces and parentheses; utime 7, stime 5.
+        let stat = "42 (my (odd) name) S 1 42 42 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 3 0";
+        assert_eq!(parse_pid_stat(stat), Some(12));
+        assert_eq!(parse_pid_stat("42 (x) S 1"), None);
+        let cpu = parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n").unwrap();
+        let tps = ticks_per_s();
+        assert!((cpu.total_s - 1000.0 / tps).abs() < 1e-9);
+        assert!((cpu.busy_s - 150.0 / tps).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_listening_socket_is_found_by_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+            0: 0100007F:C004 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1\n\
+            1: 0100007F:C004 0100007F:D000 01 00000000:00000000 00:00000000 00000000     0        0 2222 1\n\
+            2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3333 1\n";
+        // 0xC004 = 49156: only the listening socket, not the connection.
+        assert_eq!(listening_inodes(table, 49156), vec![1111]);
+        assert_eq!(listening_inodes(table, 8080), vec![3333]);
+        assert!(listening_inodes(table, 1).is_empty());
+        assert_eq!(
+            bootstrap_port("127.0.0.1:49092,127.0.0.1:49094"),
+            Some(49092)
+        );
+        assert_eq!(bootstrap_port("nohost"), None);
+    }
+}
