@@ -29,6 +29,8 @@
 //! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
 //!   to its end, sending with a full queue, admin calls, the embedded cluster of a first run.
 //! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.
+//! * [`lineage`]: the `onceflow.origin.*` headers that name the consumed record every
+//!   output and dead-letter record came from.
 //! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
 //! * [`validate`] and [`testing`]: `onceflow validate` (every problem of a file, and what
 //!   only a broker can answer) and `onceflow test` (a pipeline over a cases file, no broker).
@@ -54,6 +56,7 @@ pub mod engine;
 pub mod failpoints;
 pub mod histogram;
 pub mod kafka;
+pub mod lineage;
 pub mod record;
 pub mod relay;
 pub mod retry;

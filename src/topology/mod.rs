@@ -110,6 +110,9 @@ pub struct Input {
     /// bytes), `json` or `avro` (the key's writer schema from the registry). The key bytes
     /// themselves pass to the outputs unchanged unless an output or `set_key` makes another.
     pub key_codec: Codec,
+    /// The header whose value is a consumed record's event id, written to its outputs and
+    /// dead letters as `onceflow.origin.id` when the record carries it. Default: `message-id`.
+    pub id_header: String,
 }
 
 impl Input {
@@ -137,6 +140,8 @@ struct InputFile {
     avro: Option<AvroInput>,
     #[serde(default)]
     key_codec: Codec,
+    #[serde(default = "default_id_header")]
+    id_header: String,
 }
 
 impl TryFrom<InputFile> for Input {
@@ -152,6 +157,7 @@ impl TryFrom<InputFile> for Input {
                 codec: f.codec,
                 avro: f.avro,
                 key_codec: f.key_codec,
+                id_header: f.id_header,
             }),
         }
     }
@@ -226,6 +232,11 @@ pub struct Output {
     /// Accept an output that no `route` names (otherwise an error: it would stay empty).
     #[serde(default = "default_allow_unused")]
     pub allow_unused: bool,
+    /// Whether records written to this topic carry their origin in `onceflow.origin.*`
+    /// headers (topic, partition, offset and event id; see [`crate::lineage`]), whatever
+    /// `headers` says. `onceflow reconcile` checks only outputs with lineage. Default: `true`.
+    #[serde(default = "default_lineage")]
+    pub lineage: bool,
 }
 
 /// What happens to record headers on an output.
@@ -241,6 +252,15 @@ pub enum HeaderPolicy {
 
 fn default_allow_unused() -> bool {
     false
+}
+
+fn default_lineage() -> bool {
+    true
+}
+
+/// The header naming a consumed record's event id, unless an input says otherwise.
+fn default_id_header() -> String {
+    crate::source::kafka::MESSAGE_ID_HEADER.to_string()
 }
 
 /// Where an output writes, as code reads it: the file's `topic`, `postgres` and `http`
@@ -641,6 +661,9 @@ impl Topology {
             issue("inputs".into(), "at least one input topic is needed");
         }
         for (i, input) in self.inputs.iter().enumerate() {
+            if input.id_header.is_empty() {
+                issue(format!("inputs[{i}].id_header"), "must not be empty");
+            }
             match &input.postgres_outbox {
                 None if input.topic.trim().is_empty() => {
                     issue(format!("inputs[{i}].topic"), "must not be empty");
@@ -698,6 +721,12 @@ impl Topology {
         let mut names = BTreeSet::new();
         for (i, output) in self.outputs.iter().enumerate() {
             let Some(topic) = &output.topic else {
+                if !output.lineage {
+                    issue(
+                        format!("outputs[{i}].lineage"),
+                        "is for Kafka topic outputs (a PostgreSQL output's inbox always records the origin)",
+                    );
+                }
                 continue;
             };
             if topic.trim().is_empty() {
