@@ -261,7 +261,7 @@ pub fn run(
         };
         let unfinished = read::read_ranges(&consumer, &topic, ranges, idle, |msg| {
             read_so_far += 1;
-            if read_so_far % 8192 == 0 {
+            if read_so_far.is_multiple_of(8192) {
                 progress(read_so_far, total);
             }
             attribute(s, msg, &inputs, &input_ranges);
@@ -312,7 +312,7 @@ pub fn run(
             .collect();
         let unfinished = read::read_ranges(&consumer, topic, ranges, options.idle, |msg| {
             read_so_far += 1;
-            if read_so_far % 8192 == 0 {
+            if read_so_far.is_multiple_of(8192) {
                 progress(read_so_far, total);
             }
             let expected = expect(
