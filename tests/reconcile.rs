@@ -472,3 +472,90 @@ fn a_transaction_left_open_on_an_output_is_reported_hanging() {
     let _ = producer.abort_transaction(Duration::from_secs(30));
     let _ = (&f.b, &f.dlq, &f.table);
 }
+
+/// Waits until the job's group has committed `total` input records in all.
+fn wait_committed(group: &str, topic: &str, total: i64) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition(topic, p);
+        }
+        let committed: i64 = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .expect("committed")
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o,
+                _ => 0,
+            })
+            .sum();
+        if committed >= total {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {committed} of {total} committed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_table_keyed_by_event_id_accounts_for_redeliveries_through_its_inbox() {
+    let name = unique("rec-keyed");
+    let input = unique("rec-keyed-in");
+    let a = unique("rec-keyed-a");
+    create_topics(&[&input, &a], PARTITIONS);
+    let table = unique("rec_keyed_t").replace('-', "_");
+    pg_exec(&format!("CREATE TABLE {table} (id bigint PRIMARY KEY)"));
+    let yaml = format!(
+        "name: {name}\ninputs:\n  - topic: {input}\n    codec: json\npipeline:\n  - filter: 'value.kind != \"drop\"'\n  - route: {{routes: [{{when: 'true', to: [a, db]}}], default: []}}\noutputs:\n  - name: a\n    topic: {a}\n  - name: db\n    postgres:\n      url_env: {PG_URL_ENV}\n      table: {table}\n      id_columns: [id]\n      columns: {{id: id}}\n      event_id: {{header: message-id}}\ndead_letter:\n  topic: {a}-unused-dlq\nruntime:\n  session_timeout_ms: 10000\n  group_protocol: {}\n",
+        group_protocol()
+    );
+    let (_dir, path) = topology_file(&yaml);
+    // 200 events, then 20 of them delivered again (same message-id, new offsets).
+    let good: Vec<u64> = (0..300)
+        .filter(|id| !is_poison(*id) && !is_dropped(*id))
+        .take(200)
+        .collect();
+    produce_input(&input, good.iter().copied());
+    produce_input(&input, good.iter().copied().take(20));
+    let pg = std::env::var(PG_URL_ENV).unwrap_or_default();
+    let job = spawn_job(&path, "i0", &[(PG_URL_ENV, pg.as_str())]);
+    wait_committed(&format!("onceflow.{name}"), &input, 220);
+    terminate(job);
+    let f = Fixture {
+        _dir,
+        path,
+        name: name.clone(),
+        input,
+        a,
+        b: String::new(),
+        dlq: String::new(),
+        table: Some(table),
+    };
+
+    let (output, report) = reconcile(&f, &["--no-markers"]);
+    assert!(output.status.success(), "{report:#}");
+    assert_eq!(total(&report, "consumed"), 220);
+    assert_eq!(total(&report, "produced"), 220, "redeliveries are absorbed: {report:#}");
+    assert_eq!(total(&report, "missing"), 0);
+
+    // An event's inbox entry lost (say, expired): its record is missing from the table.
+    let lost = good[100];
+    pg_exec(&format!(
+        "DELETE FROM onceflow_inbox WHERE consumer = '{name}/db' AND message_id = 'evt-{lost}';
+         DELETE FROM onceflow_inbox_origins WHERE consumer = '{name}/db' AND message_id = 'evt-{lost}'"
+    ));
+    let (output, report) = reconcile(&f, &["--no-markers"]);
+    assert!(!output.status.success(), "{report:#}");
+    assert_eq!(total(&report, "missing"), 1, "{report:#}");
+    assert_eq!(total(&report, "produced"), 219);
+}

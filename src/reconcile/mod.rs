@@ -46,7 +46,7 @@ use crate::sink::postgres::{self, PostgresError, sql};
 use crate::topology::{PostgresOutput, Target, Topology};
 use crate::transform::Pipeline;
 use counts::Counts;
-use tally::{Expected, PartitionTally, Verdict};
+use tally::{Decision, Expected, PartitionTally, Verdict};
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -335,36 +335,29 @@ pub fn run(
             let letters = seen[dead_letters];
             let mut outputs_seen = seen;
             outputs_seen[dead_letters] = 0;
-            let verdict = match &expected.expected {
-                Expected::Outputs { counts, .. } if !expected.by_event_id.is_empty() => {
-                    // A PostgreSQL output keyed by event id records the origin of the
-                    // event's first delivery: another offset of the same event leaves no
-                    // inbox row of its own, and the inbox must hold the event instead.
-                    let mut assumed = outputs_seen.clone();
-                    let mut ask = Vec::new();
-                    for (s, mid) in &expected.by_event_id {
-                        if assumed[*s] == 0 && counts[*s] > 0 {
-                            assumed[*s] = counts[*s];
-                            ask.push((*s, mid.clone()));
-                        }
-                    }
-                    let verdict =
-                        tally::decide(&expected.expected, &outputs_seen, letters, on_error);
-                    if ask.is_empty() || verdict != Verdict::Missing {
-                        verdict
-                    } else {
-                        let if_absorbed =
-                            tally::decide(&expected.expected, &assumed, letters, on_error);
-                        checks.pending.push(Pending {
-                            partition: msg.partition(),
-                            offset: msg.offset(),
-                            ask,
-                            if_absorbed,
-                        });
-                        return Ok(());
-                    }
+            let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
+            let verdict = match tally::decide_keyed(
+                &expected.expected,
+                &outputs_seen,
+                letters,
+                on_error,
+                &keyed,
+            ) {
+                Decision::Known(verdict) => verdict,
+                Decision::Ask { streams, if_found } => {
+                    let ask = expected
+                        .by_event_id
+                        .into_iter()
+                        .filter(|(s, _)| streams.contains(s))
+                        .collect();
+                    checks.pending.push(Pending {
+                        partition: msg.partition(),
+                        offset: msg.offset(),
+                        ask,
+                        if_absorbed: if_found,
+                    });
+                    return Ok(());
                 }
-                e => tally::decide(e, &outputs_seen, letters, on_error),
             };
             if let Some(t) = tallies.get_mut(&msg.partition()) {
                 t.count(msg.offset(), verdict);
@@ -627,9 +620,9 @@ fn read_inbox(
             let row = row?;
             n += 1;
             s.report.records += 1;
-            let topic: &str = row.get(0);
-            let partition: i32 = row.get(1);
-            let offset: i64 = row.get(2);
+            let topic: &str = row.try_get(0)?;
+            let partition: i32 = row.try_get(1)?;
+            let offset: i64 = row.try_get(2)?;
             count_place(s, place(topic, partition, offset, inputs, ranges));
         }
         task.abort();
@@ -719,7 +712,7 @@ fn known_messages(
         for chunk in mids.chunks(5_000) {
             let list: Vec<&str> = chunk.to_vec();
             for row in client.query(&query, &[&consumer, &list]).await? {
-                found.insert(row.get::<_, String>(0));
+                found.insert(row.try_get::<_, String>(0)?);
             }
         }
         task.abort();

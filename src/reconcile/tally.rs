@@ -84,6 +84,57 @@ pub fn decide(expected: &Expected, seen: &[u32], letters: u32, on_error: OnError
     }
 }
 
+/// What is known of a record whose PostgreSQL traces may be under another origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Known(Verdict),
+    /// The verdict depends on whether the inboxes of `streams` hold the record's event:
+    /// `if_found` when every one does, [`Verdict::Missing`] otherwise.
+    Ask {
+        streams: Vec<usize>,
+        if_found: Verdict,
+    },
+}
+
+/// [`decide`], for a record some of whose checked outputs are PostgreSQL outputs keyed by
+/// event id (`keyed`, by stream): such an inbox records the origin of an event's first
+/// delivery only, so a later delivery of the same event (another offset) leaves no origin
+/// there, and is accounted for when the inbox holds its event.
+pub fn decide_keyed(
+    expected: &Expected,
+    seen: &[u32],
+    letters: u32,
+    on_error: OnError,
+    keyed: &[usize],
+) -> Decision {
+    let verdict = decide(expected, seen, letters, on_error);
+    let Expected::Outputs { counts, .. } = expected else {
+        return Decision::Known(verdict);
+    };
+    if verdict != Verdict::Missing {
+        return Decision::Known(verdict);
+    }
+    let want = |s: usize| counts.get(s).copied().unwrap_or(0);
+    let streams: Vec<usize> = keyed
+        .iter()
+        .copied()
+        .filter(|&s| want(s) > 0 && seen.get(s).copied().unwrap_or(0) == 0)
+        .collect();
+    if streams.is_empty() {
+        return Decision::Known(verdict);
+    }
+    let mut assumed = seen.to_vec();
+    for &s in &streams {
+        if let Some(n) = assumed.get_mut(s) {
+            *n = want(s);
+        }
+    }
+    Decision::Ask {
+        streams,
+        if_found: decide(expected, &assumed, letters, on_error),
+    }
+}
+
 /// The sums of one input partition.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PartitionTally {
@@ -212,6 +263,45 @@ mod tests {
                 "{expected:?} seen {seen:?} letters {letters} {on_error:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_origin_missing_from_an_inbox_keyed_by_event_id_is_asked_about() {
+        // Streams: 0 a topic, 1 a table keyed by event id.
+        let e = outputs(&[1, 1]);
+        let known = |v| Decision::Known(v);
+        assert_eq!(
+            decide_keyed(&e, &[1, 1], 0, DeadLetter, &[1]),
+            known(Produced)
+        );
+        assert_eq!(
+            decide_keyed(&e, &[1, 0], 0, DeadLetter, &[1]),
+            Decision::Ask {
+                streams: vec![1],
+                if_found: Produced
+            }
+        );
+        // The topic's record is missing too: missing whatever the inbox holds.
+        assert_eq!(
+            decide_keyed(&e, &[0, 0], 0, DeadLetter, &[1]),
+            Decision::Ask {
+                streams: vec![1],
+                if_found: Missing
+            }
+        );
+        // Not keyed: nothing to ask.
+        assert_eq!(
+            decide_keyed(&e, &[1, 0], 0, DeadLetter, &[]),
+            known(Missing)
+        );
+        assert_eq!(
+            decide_keyed(&e, &[2, 0], 0, DeadLetter, &[1]),
+            known(Duplicated)
+        );
+        assert_eq!(
+            decide_keyed(&Expected::Fails, &[0, 0], 0, DeadLetter, &[1]),
+            known(Missing)
+        );
     }
 
     #[test]
