@@ -545,7 +545,11 @@ fn a_table_keyed_by_event_id_accounts_for_redeliveries_through_its_inbox() {
     let (output, report) = reconcile(&f, &["--no-markers"]);
     assert!(output.status.success(), "{report:#}");
     assert_eq!(total(&report, "consumed"), 220);
-    assert_eq!(total(&report, "produced"), 220, "redeliveries are absorbed: {report:#}");
+    assert_eq!(
+        total(&report, "produced"),
+        220,
+        "redeliveries are absorbed: {report:#}"
+    );
     assert_eq!(total(&report, "missing"), 0);
 
     // An event's inbox entry lost (say, expired): its record is missing from the table.
@@ -558,4 +562,50 @@ fn a_table_keyed_by_event_id_accounts_for_redeliveries_through_its_inbox() {
     assert!(!output.status.success(), "{report:#}");
     assert_eq!(total(&report, "missing"), 1, "{report:#}");
     assert_eq!(total(&report, "produced"), 219);
+}
+
+#[test]
+fn an_output_without_lineage_carries_no_origin_and_is_not_checked() {
+    let name = unique("rec-off");
+    let input = unique("rec-off-in");
+    let a = unique("rec-off-a");
+    create_topics(&[&input, &a], PARTITIONS);
+    let yaml = format!(
+        "name: {name}\ninputs:\n  - topic: {input}\n    codec: json\noutputs:\n  - topic: {a}\n    lineage: false\nruntime:\n  session_timeout_ms: 10000\n  group_protocol: {}\n",
+        group_protocol()
+    );
+    let (_dir, path) = topology_file(&yaml);
+    let ids: Vec<u64> = (0..300).filter(|id| !is_poison(*id)).take(200).collect();
+    produce_input(&input, ids.iter().copied());
+    let job = spawn_job(&path, "i0", &[]);
+    assert_eq!(
+        wait_for_distinct(&a, PARTITIONS, ids.len(), Duration::from_secs(120)),
+        ids.len()
+    );
+    terminate(job);
+    let records = read_records(&a, PARTITIONS, "read_committed");
+    assert_eq!(records.len(), ids.len());
+    assert!(
+        records
+            .iter()
+            .all(|r| !r.headers.keys().any(|k| k.starts_with("onceflow.origin."))),
+        "no lineage headers with lineage: false"
+    );
+    assert!(records.iter().all(|r| r.headers.contains_key("message-id")));
+
+    let f = Fixture {
+        _dir,
+        path,
+        name,
+        input,
+        a: a.clone(),
+        b: String::new(),
+        dlq: String::new(),
+        table: None,
+    };
+    let (output, report) = reconcile(&f, &[]);
+    assert!(output.status.success(), "{report:#}");
+    assert_eq!(total(&report, "unchecked"), ids.len() as u64);
+    assert_eq!(total(&report, "produced"), 0);
+    assert_eq!(report["unchecked_outputs"], serde_json::json!([a]));
 }

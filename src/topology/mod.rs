@@ -1256,6 +1256,26 @@ mod tests {
         let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
         assert!(err.contains("outputs[0].topic"), "{err}");
     }
+
+    #[test]
+    fn lineage_is_on_by_default_and_the_event_id_header_is_message_id() {
+        let t = Topology::parse(MINIMAL, "t.yaml").unwrap();
+        assert!(t.outputs[0].lineage);
+        assert_eq!(t.inputs[0].id_header, "message-id");
+        let text = "name: t\ninputs: [{topic: in, id_header: event-id}]\noutputs: [{topic: out, lineage: false, headers: drop}]\n";
+        let t = Topology::parse(text, "t.yaml").unwrap();
+        assert!(!t.outputs[0].lineage);
+        assert_eq!(t.inputs[0].id_header, "event-id");
+    }
+
+    #[test]
+    fn lineage_settings_are_checked_where_they_are_written() {
+        let text = "name: t\ninputs: [{topic: in, id_header: ''}]\npipeline:\n  - route: {routes: [{when: 'true', to: [out, db]}], default: []}\noutputs:\n  - topic: out\n  - name: db\n    lineage: false\n    postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}\n";
+        let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
+        assert!(err.contains("inputs[0].id_header"), "{err}");
+        assert!(err.contains("outputs[1].lineage"), "{err}");
+        assert!(!err.contains("outputs[0].lineage"), "{err}");
+    }
 }
 
 #[cfg(test)]
