@@ -136,10 +136,22 @@ pub struct Report {
     pub records_per_second: f64,
     /// Bytes of the per-offset counts at their largest.
     pub count_bytes: usize,
+    /// Seconds spent on the markers, on reading the outputs (and inboxes), and on reading
+    /// the inputs through the pipeline.
+    pub phase_seconds: Phases,
     pub missing: u64,
     pub duplicated: u64,
     /// No missing, duplicated or hanging, nothing beyond the committed offsets.
     pub ok: bool,
+}
+
+/// Where the time went, in seconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Compiling the pipeline, the offsets, the markers.
+    pub markers: f64,
+    pub outputs: f64,
+    pub inputs: f64,
 }
 
 /// Progress of the reads: records read so far, and how many there are in all (an estimate
@@ -248,6 +260,8 @@ pub fn run(
     };
     report.hanging = hanging.iter().map(|(t, p)| format!("{t}[{p}]")).collect();
 
+    report.phase_seconds.markers = started.elapsed().as_secs_f64();
+    let phase = Instant::now();
     // 2. The traces: Kafka streams, then PostgreSQL inboxes.
     for (s, ranges) in streams.iter_mut().zip(&stream_ranges) {
         let Some(ranges) = ranges else { continue };
@@ -292,6 +306,8 @@ pub fn run(
         .map(Counts::bytes)
         .sum();
 
+    report.phase_seconds.outputs = phase.elapsed().as_secs_f64();
+    let phase = Instant::now();
     // 3. The inputs, through the pipeline.
     let on_error = topology.runtime.on_error;
     let mappings: Vec<Option<(Mapping, bool)>> = topology
@@ -386,6 +402,7 @@ pub fn run(
         .sum();
     report.ok =
         report.missing == 0 && report.duplicated == 0 && report.hanging.is_empty() && beyond == 0;
+    report.phase_seconds.inputs = phase.elapsed().as_secs_f64();
     report.records_read = read_so_far;
     report.seconds = started.elapsed().as_secs_f64();
     report.records_per_second = read_so_far as f64 / report.seconds.max(1e-9);
