@@ -29,6 +29,9 @@
 //! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
 //!   to its end, sending with a full queue, admin calls, the embedded cluster of a first run.
 //! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.
+//! * [`lineage`]: the `onceflow.origin.*` headers that name the consumed record every
+//!   output and dead-letter record came from; [`reconcile`]: `onceflow reconcile`, which
+//!   reads them back and proves that what was consumed and what was written agree.
 //! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
 //! * [`validate`] and [`testing`]: `onceflow validate` (every problem of a file, and what
 //!   only a broker can answer) and `onceflow test` (a pipeline over a cases file, no broker).
@@ -55,6 +58,8 @@ pub mod engine;
 pub mod failpoints;
 pub mod histogram;
 pub mod kafka;
+pub mod lineage;
+pub mod reconcile;
 pub mod record;
 pub mod relay;
 pub mod retry;

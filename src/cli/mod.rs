@@ -6,6 +6,7 @@ mod bench;
 mod deploy;
 mod dlq;
 mod probe;
+mod reconcile;
 mod run;
 mod test;
 mod txn;
@@ -51,6 +52,12 @@ enum Command {
     /// Run a topology's pipeline in-process over the records of a cases file (no broker) and
     /// compare every output with what the cases expect.
     Test(test::TestArgs),
+    /// Prove that a finished or paused run's outputs agree with what it consumed: per input
+    /// partition consumed, produced, filtered, dead-lettered, missing and duplicated records
+    /// (by the lineage headers every output carries), PostgreSQL outputs through their inbox,
+    /// and a marker per output partition that no hanging transaction holds back. Exit 0
+    /// only when nothing is missing, duplicated or hanging.
+    Reconcile(reconcile::ReconcileArgs),
     /// Ask a running job's health endpoint; exit 0 on a 200 (the image's HEALTHCHECK).
     Probe(probe::ProbeArgs),
     /// Transactions as the brokers see them: `txn doctor` finds hanging ones and ends them.
@@ -82,6 +89,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Txn { command } => txn::run(command),
         Command::Deploy { command } => deploy::run(command),
         Command::Probe(args) => probe::run(&args),
+        Command::Reconcile(args) => reconcile::run(args),
         #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args),
     };

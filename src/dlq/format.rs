@@ -11,9 +11,11 @@ pub const H_KIND: &str = "onceflow.error.kind";
 pub const H_MESSAGE: &str = "onceflow.error.message";
 pub const H_STAGE: &str = "onceflow.error.stage";
 pub const H_ATTEMPTS: &str = "onceflow.error.attempts";
-pub const H_TOPIC: &str = "onceflow.origin.topic";
-pub const H_PARTITION: &str = "onceflow.origin.partition";
-pub const H_OFFSET: &str = "onceflow.origin.offset";
+pub const H_TOPIC: &str = crate::lineage::TOPIC;
+pub const H_PARTITION: &str = crate::lineage::PARTITION;
+pub const H_OFFSET: &str = crate::lineage::OFFSET;
+/// The original's event id (see [`crate::lineage::ID`]), when it carries one.
+pub const H_ID: &str = crate::lineage::ID;
 pub const H_TIMESTAMP: &str = "onceflow.origin.timestamp";
 pub const H_TOPOLOGY: &str = "onceflow.topology";
 pub const H_INSTANCE: &str = "onceflow.instance";
@@ -23,6 +25,10 @@ pub const H_FAILED_AT: &str = "onceflow.failed.at";
 /// was. The original stays at its origin (`onceflow.origin.*`), where `dlq replay` reads it
 /// back from, for as long as that topic retains it.
 pub const H_VALUE_DROPPED: &str = "onceflow.error.value-dropped";
+/// Set on the marker `onceflow reconcile` writes to every output partition (and the
+/// dead-letter topic's) to prove no transaction hangs there: no dead letter, and every
+/// reader of onceflow's passes over it.
+pub const H_MARKER: &str = "onceflow.reconcile.marker";
 /// Set on a replayed record: `<dead-letter topic>/<partition>/<offset>` it was replayed from.
 pub const H_REPLAYED_FROM: &str = "onceflow.replayed.from";
 
@@ -137,6 +143,9 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, d: &DeadLetter) -> bool {
+        if d.meta.contains_key(H_MARKER) {
+            return false;
+        }
         let failed_at = d.meta_i64(H_FAILED_AT);
         self.kind.as_deref().is_none_or(|k| d.meta(H_KIND) == k)
             && self
@@ -264,6 +273,13 @@ mod tests {
         };
         assert!(part.matches(&d));
         assert!(!part.matches(&letter("decode", "1", "1000")));
+    }
+
+    #[test]
+    fn a_reconcile_marker_is_no_dead_letter() {
+        let mut d = letter("decode", "2", "1000");
+        d.meta.insert(H_MARKER.to_string(), "m".to_string());
+        assert!(!Filter::default().matches(&d));
     }
 
     #[test]

@@ -303,6 +303,10 @@ struct Job<'t> {
     policy: Policy,
     /// The topic of each output, by the pipeline's output index; `None` for a sink.
     topics: Vec<Option<&'t str>>,
+    /// Whether each output's records carry their lineage, by output index.
+    lineage: Vec<bool>,
+    /// The event-id header of each input topic.
+    id_headers: Vec<(&'t str, &'t str)>,
     dead_letter_topic: String,
     /// Checked when the first record needs it: a job without poison records needs none.
     dead_letter_checked: bool,
@@ -370,6 +374,12 @@ impl<'t> Job<'t> {
                 },
             },
             topics,
+            lineage: topology.outputs.iter().map(|o| o.lineage).collect(),
+            id_headers: topology
+                .inputs
+                .iter()
+                .map(|i| (i.topic.as_str(), i.id_header.as_str()))
+                .collect(),
             dead_letter_topic: topology.dead_letter_topic(),
             dead_letter_checked: false,
             metadata_timeout: Duration::from_millis(runtime.transaction_timeout_ms),
@@ -525,12 +535,17 @@ impl<'t> Job<'t> {
             Outcome::Output => {
                 // Outputs without a topic are sinks, staged already.
                 let topics = &self.topics;
+                let lineage = &self.lineage;
+                let id = self.event_id(msg);
                 self.outputs.clear();
-                self.outputs.extend(
-                    self.produced
-                        .drain(..)
-                        .filter_map(|(index, r)| Some((topics.get(index).copied().flatten()?, r))),
-                );
+                self.outputs
+                    .extend(self.produced.drain(..).filter_map(|(index, mut r)| {
+                        let topic = topics.get(index).copied().flatten()?;
+                        if lineage.get(index).copied().unwrap_or(true) {
+                            crate::lineage::stamp(&mut r, &origin, id);
+                        }
+                        Some((topic, r))
+                    }));
                 let _ = txn.add(consumer, &origin, consumed_bytes, &self.outputs)?;
                 Ok(())
             }
@@ -601,8 +616,23 @@ impl<'t> Job<'t> {
         Ok(())
     }
 
+    /// The event id of a consumed message: its input's `id_header`, when it carries one.
+    fn event_id<'m>(&self, msg: &'m BorrowedMessage<'_>) -> Option<&'m [u8]> {
+        use rdkafka::message::{Headers, Message};
+        let name = self
+            .id_headers
+            .iter()
+            .find(|(topic, _)| *topic == msg.topic())
+            .map(|(_, h)| *h)?;
+        let headers = msg.headers()?;
+        crate::lineage::event_id(
+            headers.iter().map(|h| (h.key, h.value.unwrap_or_default())),
+            name,
+        )
+    }
+
     fn dead_letter(&self, msg: &BorrowedMessage<'_>, e: &RecordError, attempts: u32) -> Record {
-        let letter = dlq::dead_letter(
+        let mut letter = dlq::dead_letter(
             &source::to_record(msg),
             &dlq::Failure {
                 kind: e.kind.name().to_string(),
@@ -614,6 +644,9 @@ impl<'t> Job<'t> {
             self.instance_id,
             now_ms(),
         );
+        if let Some(id) = self.event_id(msg) {
+            letter.headers.push((dlq::H_ID.into(), id.to_vec()));
+        }
         fit_dead_letter(letter, self.max_message_bytes)
     }
 

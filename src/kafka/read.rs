@@ -159,6 +159,78 @@ fn assign_from_committed(
     Ok(pending)
 }
 
+/// Reads `ranges` of `topic` (partition to `[start, end)`), calling `each` for every record
+/// in them, as fast as the consumer fetches. Returns the partitions it could not finish:
+/// those where nothing came for `idle` (under read_committed, a partition whose last stable
+/// offset is held back by an open transaction); the caller decides whether that is an error.
+pub fn read_ranges<E: From<ReadError>>(
+    consumer: &BaseConsumer,
+    topic: &str,
+    ranges: &BTreeMap<i32, (i64, i64)>,
+    idle: Duration,
+    mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), E>,
+) -> Result<BTreeMap<i32, i64>, E> {
+    let mut assign = TopicPartitionList::new();
+    let mut pending = BTreeMap::new();
+    for (&p, &(start, end)) in ranges {
+        if start < end {
+            assign
+                .add_partition_offset(topic, p, Offset::Offset(start))
+                .map_err(ReadError::from)?;
+            pending.insert(p, end);
+        }
+    }
+    if pending.is_empty() {
+        return Ok(pending);
+    }
+    consumer.assign(&assign).map_err(ReadError::from)?;
+    let mut idle_since = Instant::now();
+    let mut since_check = 0u32;
+    while !pending.is_empty() {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(msg)) => {
+                idle_since = Instant::now();
+                let p = msg.partition();
+                if let Some(&end) = pending.get(&p) {
+                    if msg.offset() < end {
+                        each(&msg)?;
+                    }
+                    if msg.offset() + 1 >= end {
+                        pending.remove(&p);
+                    }
+                }
+                since_check += 1;
+                // The end may be a transaction marker, never delivered: positions tell.
+                if since_check >= 10_000 {
+                    since_check = 0;
+                    drop_passed(consumer, &mut pending)?;
+                }
+            }
+            Some(Err(e)) => return Err(ReadError::from(e).into()),
+            None => {
+                drop_passed(consumer, &mut pending)?;
+                if idle_since.elapsed() > idle {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(pending)
+}
+
+/// Removes from `pending` the partitions whose position is at or past their end.
+fn drop_passed(consumer: &BaseConsumer, pending: &mut BTreeMap<i32, i64>) -> Result<(), ReadError> {
+    let positions = consumer.position()?;
+    for e in positions.elements() {
+        if let Offset::Offset(pos) = e.offset()
+            && pending.get(&e.partition()).is_some_and(|end| pos >= *end)
+        {
+            pending.remove(&e.partition());
+        }
+    }
+    Ok(())
+}
+
 /// The record at `offset` of `topic[partition]`, read with read_committed, or `None` when the
 /// topic no longer holds it (retention or compaction removed it).
 pub fn read_one(

@@ -869,13 +869,15 @@ impl RowPublisher<'_> {
                             stage: error.stage.to_string(),
                             attempts: 1,
                         };
-                        let dead = dead_letter(
+                        let mut dead = dead_letter(
                             &record,
                             &failure,
                             &self.topology.name,
                             &self.identity.instance_id,
                             now_ms(),
                         );
+                        dead.headers
+                            .push((crate::dlq::H_ID.into(), row.id.clone().into_bytes()));
                         publisher
                             .send(self.dead_letter_topic, &dead)
                             .map_err(kafka)?;
@@ -933,8 +935,12 @@ impl RowPublisher<'_> {
         if let Err(e) = pipeline.process(record.clone(), &mut produced) {
             return Ok(Err(e));
         }
-        for (index, rec) in produced {
+        for (index, mut rec) in produced {
             if let Some(topic) = self.topics.get(index) {
+                // The row is the origin: the table, the shard, the row id (its event id).
+                if self.topology.outputs.get(index).is_none_or(|o| o.lineage) {
+                    crate::lineage::stamp(&mut rec, &record.origin, Some(row.id.as_bytes()));
+                }
                 out.push((topic.clone(), rec));
             }
         }

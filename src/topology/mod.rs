@@ -110,6 +110,9 @@ pub struct Input {
     /// bytes), `json` or `avro` (the key's writer schema from the registry). The key bytes
     /// themselves pass to the outputs unchanged unless an output or `set_key` makes another.
     pub key_codec: Codec,
+    /// The header whose value is a consumed record's event id, written to its outputs and
+    /// dead letters as `onceflow.origin.id` when the record carries it. Default: `message-id`.
+    pub id_header: String,
 }
 
 impl Input {
@@ -137,6 +140,8 @@ struct InputFile {
     avro: Option<AvroInput>,
     #[serde(default)]
     key_codec: Codec,
+    #[serde(default = "default_id_header")]
+    id_header: String,
 }
 
 impl TryFrom<InputFile> for Input {
@@ -152,6 +157,7 @@ impl TryFrom<InputFile> for Input {
                 codec: f.codec,
                 avro: f.avro,
                 key_codec: f.key_codec,
+                id_header: f.id_header,
             }),
         }
     }
@@ -226,6 +232,11 @@ pub struct Output {
     /// Accept an output that no `route` names (otherwise an error: it would stay empty).
     #[serde(default = "default_allow_unused")]
     pub allow_unused: bool,
+    /// Whether records written to this topic carry their origin in `onceflow.origin.*`
+    /// headers (topic, partition, offset and event id; see [`crate::lineage`]), whatever
+    /// `headers` says. `onceflow reconcile` checks only outputs with lineage. Default: `true`.
+    #[serde(default = "default_lineage")]
+    pub lineage: bool,
 }
 
 /// What happens to record headers on an output.
@@ -241,6 +252,15 @@ pub enum HeaderPolicy {
 
 fn default_allow_unused() -> bool {
     false
+}
+
+fn default_lineage() -> bool {
+    true
+}
+
+/// The header naming a consumed record's event id, unless an input says otherwise.
+fn default_id_header() -> String {
+    crate::source::kafka::MESSAGE_ID_HEADER.to_string()
 }
 
 /// Where an output writes, as code reads it: the file's `topic`, `postgres` and `http`
@@ -641,6 +661,9 @@ impl Topology {
             issue("inputs".into(), "at least one input topic is needed");
         }
         for (i, input) in self.inputs.iter().enumerate() {
+            if input.id_header.is_empty() {
+                issue(format!("inputs[{i}].id_header"), "must not be empty");
+            }
             match &input.postgres_outbox {
                 None if input.topic.trim().is_empty() => {
                     issue(format!("inputs[{i}].topic"), "must not be empty");
@@ -698,6 +721,12 @@ impl Topology {
         let mut names = BTreeSet::new();
         for (i, output) in self.outputs.iter().enumerate() {
             let Some(topic) = &output.topic else {
+                if !output.lineage {
+                    issue(
+                        format!("outputs[{i}].lineage"),
+                        "is for Kafka topic outputs (a PostgreSQL output's inbox always records the origin)",
+                    );
+                }
                 continue;
             };
             if topic.trim().is_empty() {
@@ -1226,6 +1255,26 @@ mod tests {
         let text = "name: t\ninputs: [{topic: a}]\noutputs: [{topic: a}]\n";
         let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
         assert!(err.contains("outputs[0].topic"), "{err}");
+    }
+
+    #[test]
+    fn lineage_is_on_by_default_and_the_event_id_header_is_message_id() {
+        let t = Topology::parse(MINIMAL, "t.yaml").unwrap();
+        assert!(t.outputs[0].lineage);
+        assert_eq!(t.inputs[0].id_header, "message-id");
+        let text = "name: t\ninputs: [{topic: in, id_header: event-id}]\noutputs: [{topic: out, lineage: false, headers: drop}]\n";
+        let t = Topology::parse(text, "t.yaml").unwrap();
+        assert!(!t.outputs[0].lineage);
+        assert_eq!(t.inputs[0].id_header, "event-id");
+    }
+
+    #[test]
+    fn lineage_settings_are_checked_where_they_are_written() {
+        let text = "name: t\ninputs: [{topic: in, id_header: ''}]\npipeline:\n  - route: {routes: [{when: 'true', to: [out, db]}], default: []}\noutputs:\n  - topic: out\n  - name: db\n    lineage: false\n    postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}\n";
+        let err = Topology::parse(text, "t.yaml").unwrap_err().to_string();
+        assert!(err.contains("inputs[0].id_header"), "{err}");
+        assert!(err.contains("outputs[1].lineage"), "{err}");
+        assert!(!err.contains("outputs[0].lineage"), "{err}");
     }
 }
 

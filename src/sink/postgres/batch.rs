@@ -164,6 +164,10 @@ pub struct Staged {
     pub columns: Vec<Vec<Option<String>>>,
     /// The consumed record of each row.
     origins: Vec<Origin>,
+    /// The same by column, as the inbox's origins table takes them.
+    pub origin_topics: Vec<String>,
+    pub origin_partitions: Vec<i32>,
+    pub origin_offsets: Vec<i64>,
 }
 
 impl Staged {
@@ -180,6 +184,9 @@ impl Staged {
         self.deleted.clear();
         self.columns.iter_mut().for_each(Vec::clear);
         self.origins.clear();
+        self.origin_topics.clear();
+        self.origin_partitions.clear();
+        self.origin_offsets.clear();
     }
 
     /// Distinct messages in the batch (a consumed record may make several rows).
@@ -235,6 +242,9 @@ impl Staged {
         self.mids.push(mid);
         self.deleted.push(deleted);
         self.origins.push(record.origin.clone());
+        self.origin_topics.push(record.origin.topic.clone());
+        self.origin_partitions.push(record.origin.partition);
+        self.origin_offsets.push(record.origin.offset);
         Ok(true)
     }
 
@@ -245,6 +255,9 @@ impl Staged {
             deleted: vec![self.deleted[i]],
             columns: self.columns.iter().map(|c| vec![c[i].clone()]).collect(),
             origins: vec![self.origins[i].clone()],
+            origin_topics: vec![self.origin_topics[i].clone()],
+            origin_partitions: vec![self.origin_partitions[i]],
+            origin_offsets: vec![self.origin_offsets[i]],
         }
     }
 
@@ -260,6 +273,15 @@ impl Staged {
             let mut flags = keep.iter();
             column.retain(|_| *flags.next().unwrap_or(&true));
         }
+        let mut flags = keep.iter();
+        self.origin_topics
+            .retain(|_| *flags.next().unwrap_or(&true));
+        let mut flags = keep.iter();
+        self.origin_partitions
+            .retain(|_| *flags.next().unwrap_or(&true));
+        let mut flags = keep.iter();
+        self.origin_offsets
+            .retain(|_| *flags.next().unwrap_or(&true));
         self.origins.retain(|o| o != origin);
     }
 }

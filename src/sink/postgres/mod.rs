@@ -201,6 +201,7 @@ impl PostgresSink {
                 let server: String = client.query_one(SERVER, &[]).await?.get(0);
                 let markers = config.delete_when.is_some() && config.ordering_column().is_some();
                 ensure_tables(&client, &config.inbox_table, markers).await?;
+                ensure_origins(&client, &config.inbox_table).await?;
                 Ok::<_, PostgresError>((target, types, server))
             })
             .await
@@ -460,11 +461,14 @@ impl PostgresSink {
         Ok(applied)
     }
 
-    /// Whether an error is the inbox's unique key refusing a message applied before.
+    /// Whether an error is the inbox's unique key (or its origins table's) refusing a
+    /// message applied before.
     fn is_inbox_conflict(&self, e: &tokio_postgres::Error) -> bool {
         let inbox = self.config.inbox_table.rsplit('.').next().unwrap_or("");
+        let origins = sql::origins_table(inbox);
+        let table = e.as_db_error().and_then(|d| d.table());
         e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
-            && e.as_db_error().and_then(|d| d.table()) == Some(inbox)
+            && (table == Some(inbox) || table == Some(origins.as_str()))
     }
 
     /// One attempt at the batch: begin and apply, leaving the transaction open on success and
@@ -618,7 +622,7 @@ impl PostgresSink {
         }
         let hours = i32::try_from(self.config.inbox_retention_hours).unwrap_or(i32::MAX);
         let markers = self.config.delete_when.is_some() && self.config.ordering_column().is_some();
-        let inbox_sql = sql::cleanup_inbox(&self.config.inbox_table);
+        let inbox_sql = sql::cleanup_inbox_and_origins(&self.config.inbox_table);
         let markers_sql = sql::cleanup_tombstones(&self.config.inbox_table);
         let (consumer, target) = (self.consumer.clone(), self.target.clone());
         let result = self.connection().and_then(|()| {
@@ -626,9 +630,12 @@ impl PostgresSink {
             let client = &conn.as_ref().expect("connected above").client;
             runtime.block_on(async {
                 tokio::time::timeout(Duration::from_secs(5), async {
-                    let inbox = client
-                        .execute(&inbox_sql, &[&consumer, &hours, &CLEANUP_BATCH])
-                        .await?;
+                    let inbox = count(
+                        &client
+                            .query_one(&inbox_sql, &[&consumer, &hours, &CLEANUP_BATCH])
+                            .await?,
+                        0,
+                    );
                     let tombstones = if markers {
                         client
                             .execute(&markers_sql, &[&target, &hours, &CLEANUP_BATCH])
@@ -717,6 +724,26 @@ pub(crate) async fn ensure_tables(
     Ok(())
 }
 
+/// Creates the origins table of `inbox` ([`sql::origins_table`]) when missing, under the
+/// same advisory lock as [`ensure_tables`]. An inbox made before the table existed keeps its
+/// rows; their messages simply have no recorded origin.
+pub(crate) async fn ensure_origins(client: &Client, inbox: &str) -> Result<(), PostgresError> {
+    let table = sql::origins_table(inbox);
+    let found: bool = client
+        .query_one(sql::TABLE_EXISTS, &[&sql::qualified(&table)])
+        .await?
+        .get(0);
+    if !found {
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock(hashtext('onceflow.schema'));\n{}COMMIT;",
+                sql::create_origins_table(inbox)
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
 /// Connects and spawns the connection's task on the current runtime.
 pub(crate) async fn open(
     pg: &tokio_postgres::Config,
@@ -796,7 +823,14 @@ fn args<'a>(
             .map(|c| c as &(dyn tokio_postgres::types::ToSql + Sync)),
     );
     args.push(consumer);
-    args.push(target);
+    // The target's name only where the statement marks deletions: the origins come next.
+    let origins = apply.params().len().saturating_sub(3);
+    if args.len() < origins {
+        args.push(target);
+    }
+    args.push(&staged.origin_topics);
+    args.push(&staged.origin_partitions);
+    args.push(&staged.origin_offsets);
     args.truncate(apply.params().len());
     args
 }

@@ -59,6 +59,53 @@ pub fn tombstones_table(inbox: &str) -> String {
     }
 }
 
+/// The origins table of an inbox: beside it, named after it (`<inbox>_origins`). One row per
+/// inbox row of a PostgreSQL output: the consumed record (topic, partition, offset) that
+/// brought the message first, so that a row's origin is a join away
+/// (`USING (consumer, message_id)`) and `onceflow reconcile` can check the output by origin.
+/// A table of its own rather than columns of the inbox: an existing inbox stays as it is
+/// (nothing to migrate), and the HTTP outputs' inboxes do without it.
+pub fn origins_table(inbox: &str) -> String {
+    format!("{inbox}_origins")
+}
+
+/// Creates the origins table of `inbox` if missing (see [`origins_table`]).
+pub fn create_origins_table(inbox: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {q} (\n\
+         \x20 consumer         text COLLATE \"C\" NOT NULL,\n\
+         \x20 message_id       text COLLATE \"C\" NOT NULL,\n\
+         \x20 origin_topic     text   NOT NULL,\n\
+         \x20 origin_partition int    NOT NULL,\n\
+         \x20 origin_offset    bigint NOT NULL,\n\
+         \x20 PRIMARY KEY (consumer, message_id)\n\
+         );\n",
+        q = qualified(&origins_table(inbox)),
+    )
+}
+
+/// Deletes up to `$3` expired inbox rows of consumer `$1` (older than `$2` hours) and their
+/// origins, returning how many inbox rows went.
+pub fn cleanup_inbox_and_origins(inbox: &str) -> String {
+    let q = qualified(inbox);
+    format!(
+        "WITH gone AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
+         WHERE consumer = $1::text AND received_at < now() - make_interval(hours => $2::int) \
+         LIMIT $3::int) RETURNING consumer, message_id),\n\
+         unlinked AS (DELETE FROM {origins} o USING gone g \
+         WHERE o.consumer = g.consumer AND o.message_id = g.message_id)\n\
+         SELECT count(*) FROM gone",
+        origins = qualified(&origins_table(inbox)),
+    )
+}
+
+/// The number of the first parameter of the origin arrays in [`apply_batch`]'s statement:
+/// after the inbox consumer and, when deletions leave markers, the target's name.
+pub fn origin_params(config: &PostgresOutput) -> usize {
+    let markers = config.delete_when.is_some() && config.ordering_column().is_some();
+    4 + config.columns.len() + usize::from(markers)
+}
+
 /// Creates the inbox (and, when deletions are versioned, the tombstones table) if missing.
 /// Run under an advisory lock: two instances starting together must not race on DDL.
 pub fn create_tables(inbox: &str, tombstones: bool) -> String {
@@ -136,7 +183,8 @@ pub const UNIQUE_KEYS: &str = "SELECT ARRAY(SELECT a.attname::text FROM unnest(i
 /// The statement that applies one batch. Parameters: `$1` the message ids (`text[]`), `$2`
 /// the deletion flags (`boolean[]`), then one `text[]` per mapped column in the order of
 /// `config.columns`, then the inbox consumer and, when deletions are versioned, the target's
-/// name for deletion markers. Returns one row: fresh messages (the others were applied
+/// name for deletion markers, then the origin of each row: topics (`text[]`), partitions
+/// (`int[]`) and offsets (`bigint[]`), from [`origin_params`] on. Returns one row: fresh messages (the others were applied
 /// before), rows upserted, rows deleted and, with a sequence column, the gaps as a JSON array
 /// of `[row, id key, first missing, last missing]` (`row` 1-based in the batch).
 ///
@@ -151,6 +199,7 @@ pub fn apply_batch(
     let mut sql = String::new();
     statement.batch(&mut sql);
     let fresh_rows = statement.fresh(&mut sql, optimistic);
+    statement.linked(&mut sql, fresh_rows, optimistic);
     let source = statement.once(&mut sql, fresh_rows);
     statement.latest(&mut sql, source);
     if statement.sequence.is_some() {
@@ -189,6 +238,8 @@ struct Statement<'c> {
     columns: Vec<&'c String>,
     consumer_param: String,
     target_param: String,
+    /// The first of the origin arrays' parameters.
+    origin_param: usize,
 }
 
 impl<'c> Statement<'c> {
@@ -209,6 +260,7 @@ impl<'c> Statement<'c> {
             tombstones: qualified(&tombstones_table(&config.inbox_table)),
             consumer_param: format!("${}", 3 + columns.len()),
             target_param: format!("${}", 4 + columns.len()),
+            origin_param: origin_params(config),
             columns,
         }
     }
@@ -282,6 +334,30 @@ impl<'c> Statement<'c> {
         } else {
             "batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)"
         }
+    }
+
+    /// `linked`: the origin of each fresh message (its first row's) in the origins table. The
+    /// optimistic form inserts without `ON CONFLICT`, as it does into the inbox: an origin
+    /// already there fails it the same way, and the careful form does nothing for it.
+    fn linked(&self, sql: &mut String, fresh_rows: &str, optimistic: bool) {
+        let p = self.origin_param;
+        let _ = write!(
+            sql,
+            "linked AS (\n  INSERT INTO {origins} (consumer, message_id, origin_topic, origin_partition, origin_offset)\n  \
+             SELECT DISTINCT ON (b.\"$mid\") {consumer_param}::text, b.\"$mid\", u.t, u.p, u.o\n  \
+             FROM (SELECT b.* FROM {fresh_rows}) b\n  \
+             JOIN unnest(${p}::text[], ${}::int[], ${}::bigint[]) WITH ORDINALITY AS u(t, p, o, n) ON u.n = b.\"$seq\"\n  \
+             ORDER BY b.\"$mid\", b.\"$seq\"{on_conflict}\n),\n",
+            p + 1,
+            p + 2,
+            on_conflict = if optimistic {
+                ""
+            } else {
+                "\n  ON CONFLICT DO NOTHING"
+            },
+            origins = qualified(&origins_table(&self.config.inbox_table)),
+            consumer_param = self.consumer_param,
+        );
     }
 
     /// `once`, for counters: each message once per id, even if it came twice in the batch
@@ -708,6 +784,51 @@ mod tests {
         ] {
             assert!(sql.contains(part), "missing {part}\nin\n{sql}");
         }
+    }
+
+    #[test]
+    fn fresh_messages_record_their_origin_beside_the_inbox() {
+        let sql = apply_batch(&config(""), "sales.orders", &types(), false);
+        for part in [
+            "linked AS (\n  INSERT INTO \"onceflow_inbox_origins\" (consumer, message_id, origin_topic, origin_partition, origin_offset)",
+            "SELECT DISTINCT ON (b.\"$mid\") $7::text, b.\"$mid\", u.t, u.p, u.o",
+            "FROM (SELECT b.* FROM batch b WHERE b.\"$mid\" IN (SELECT message_id FROM fresh)) b",
+            "JOIN unnest($8::text[], $9::int[], $10::bigint[]) WITH ORDINALITY AS u(t, p, o, n) ON u.n = b.\"$seq\"",
+        ] {
+            assert!(sql.contains(part), "missing {part}\nin\n{sql}");
+        }
+        // With deletion markers the target's name takes $8, and the origins come after it.
+        let marked = config("      version_column: v\n      delete_when: deleted\n");
+        assert_eq!(origin_params(&marked), 9);
+        let sql = apply_batch(&marked, "sales.orders", &types(), true);
+        assert!(
+            sql.contains("unnest($9::text[], $10::int[], $11::bigint[])"),
+            "{sql}"
+        );
+        assert!(sql.contains("FROM (SELECT b.* FROM batch b) b"), "{sql}");
+        assert!(!sql.contains("ON CONFLICT DO NOTHING"), "{sql}");
+        let careful = apply_batch(&marked, "sales.orders", &types(), false);
+        assert!(
+            careful.contains("ORDER BY b.\"$mid\", b.\"$seq\"\n  ON CONFLICT DO NOTHING\n)"),
+            "{careful}"
+        );
+    }
+
+    #[test]
+    fn the_origins_table_is_created_and_cleaned_with_its_inbox() {
+        assert_eq!(origins_table("ops.inbox"), "ops.inbox_origins");
+        let ddl = create_origins_table("ops.inbox");
+        assert!(
+            ddl.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"inbox_origins\""),
+            "{ddl}"
+        );
+        assert!(ddl.contains("PRIMARY KEY (consumer, message_id)"), "{ddl}");
+        let clean = cleanup_inbox_and_origins("ops.inbox");
+        assert!(
+            clean.contains("DELETE FROM \"ops\".\"inbox_origins\" o USING gone g"),
+            "{clean}"
+        );
+        assert!(clean.ends_with("SELECT count(*) FROM gone"), "{clean}");
     }
 
     #[test]
