@@ -350,7 +350,7 @@ pub fn feed_value(n: u64, sent_us: u64, poisoned: bool) -> String {
         format!(r#"{{"id":{n},"sent_us":{sent_us}}}"#)
     } else if !is_poison(n) {
         format!(r#"{{"id":{n},"sent_us":{sent_us},"one":1}}"#)
-    } else if (n / 1000) % 2 == 0 {
+    } else if (n / 1000).is_multiple_of(2) {
         format!(r#"{{not json {n} {sent_us}"#)
     } else {
         format!(r#"{{"id":{n},"sent_us":{sent_us},"one":"x"}}"#)
