@@ -210,6 +210,9 @@ struct Step {
     done: u64,
     /// When every input partition delivered again a record sent after `done`.
     flowing: Option<u64>,
+    /// The longest time from `start` until the output flowed again in which no output
+    /// partition received anything (filled in at the end of the round).
+    no_output: u64,
     notes: Vec<String>,
 }
 
@@ -251,6 +254,7 @@ impl Round<'_> {
             start,
             done,
             flowing,
+            no_output: 0,
             notes,
         };
         self.fleet.note(
@@ -755,7 +759,7 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
                 .join(", ")
         ),
     );
-    let mut faults = Vec::new();
+    let mut faults: Vec<Fault> = Vec::new();
     for kind in schedule {
         round
             .fleet
@@ -820,6 +824,12 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     let state = reader.finish();
     let loads = load.finish();
     write_timeline(&dir.join("timeline.csv"), origin, &state.arrivals);
+    for step in faults.iter_mut().flat_map(|f| f.steps.iter_mut()) {
+        let end = step.flowing.unwrap_or(step.done).max(step.done);
+        let lo = state.arrivals.partition_point(|a| a.at < step.start);
+        let hi = state.arrivals.partition_point(|a| a.at < end);
+        step.no_output = longest_gap(state.arrivals[lo..hi].iter().map(|a| a.at), step.start, end);
+    }
 
     // The verdict, by ids.
     let mut verdict = Verdict {
@@ -993,14 +1003,14 @@ fn round_text(r: &RoundResult) -> String {
     );
     let _ = writeln!(
         out,
-        "| at | fault | step | target | over after | output flowing again after | notes |"
+        "| at | fault | step | target | over after | output flowing again after | no output | notes |"
     );
-    let _ = writeln!(out, "|---:|---|---|---|---:|---:|---|");
+    let _ = writeln!(out, "|---:|---|---|---|---:|---:|---:|---|");
     for f in &r.faults {
         for s in &f.steps {
             let _ = writeln!(
                 out,
-                "| +{} s | {} | {} | {} | {} s | {} | {} |",
+                "| +{} s | {} | {} | {} | {} s | {} | {} s | {} |",
                 secs(s.start.saturating_sub(r.origin)),
                 f.kind.name(),
                 s.label,
@@ -1010,6 +1020,7 @@ fn round_text(r: &RoundResult) -> String {
                     "{} s",
                     secs(t.saturating_sub(s.done))
                 )),
+                secs(s.no_output),
                 s.notes.join("; ")
             );
         }
@@ -1026,12 +1037,13 @@ fn round_text(r: &RoundResult) -> String {
 }
 
 fn summary_text(rounds: &[RoundResult]) -> String {
-    let mut by_kind: BTreeMap<Kind, (usize, Vec<u64>, usize)> = BTreeMap::new();
+    let mut by_kind: BTreeMap<Kind, (usize, Vec<u64>, usize, Vec<u64>)> = BTreeMap::new();
     for r in rounds {
         for f in &r.faults {
             let e = by_kind.entry(f.kind).or_default();
             e.0 += 1;
             for s in &f.steps {
+                e.3.push(s.no_output);
                 match s.flowing {
                     Some(t) => e.1.push(t.saturating_sub(s.done)),
                     None => e.2 += 1,
@@ -1040,16 +1052,18 @@ fn summary_text(rounds: &[RoundResult]) -> String {
         }
     }
     let mut out = String::from(
-        "| fault | injected | steps | output flowing again: p50 | p99 | not within 120 s |\n|---|---:|---:|---:|---:|---:|\n",
+        "| fault | injected | steps | output flowing again: p50 | p99 | not within 120 s | no output: p50 | p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (kind, (n, mut times, never)) in by_kind {
+    for (kind, (n, mut times, never, mut gaps)) in by_kind {
         let _ = writeln!(
             out,
-            "| {} | {n} | {} | {} s | {} s | {never} |",
+            "| {} | {n} | {} | {} s | {} s | {never} | {} s | {} s |",
             kind.name(),
             times.len() + never,
             secs(percentile(&mut times, 50.0)),
             secs(percentile(&mut times, 99.0)),
+            secs(percentile(&mut gaps, 50.0)),
+            secs(percentile(&mut gaps, 99.0)),
         );
     }
     let passed = rounds.iter().filter(|r| r.verdict.ok()).count();
