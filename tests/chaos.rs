@@ -767,8 +767,10 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         faults.push(round.inject(kind, &mut rng));
     }
 
-    // The input goes on until the round has its records, then stops.
-    let due = Duration::from_secs_f64(cfg.records as f64 / cfg.rate as f64);
+    // The input goes on until the round has its records, then stops: 1 % and 5 s more than
+    // their time at the rate, since a starved feed falls behind its schedule (one stopped at
+    // exactly its time sent 999,823 of 1,000,000).
+    let due = Duration::from_secs_f64(cfg.records as f64 / cfg.rate as f64 * 1.01 + 5.0);
     if let Some(rest) = due.checked_sub(feed_started.elapsed()) {
         round.fleet.note(
             "harness",
