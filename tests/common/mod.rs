@@ -264,9 +264,19 @@ pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
 /// Every record of `topic`, in order of reading, up to a marker written now to each
 /// partition. Panics when a marker does not become visible: a transaction is left hanging.
 pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRecord> {
+    try_read_records(topic, partitions, isolation).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`read_records`], saying what went wrong instead of panicking: a marker that did not
+/// become visible within 60 s (a transaction left hanging), or a failed read.
+pub fn try_read_records(
+    topic: &str,
+    partitions: i32,
+    isolation: &str,
+) -> Result<Vec<ReadRecord>, String> {
     // Markers of earlier reads of the same topic are passed over: only this one ends it.
     let this_read = unique("end");
-    write_markers(topic, partitions, &this_read).expect("end markers");
+    write_markers(topic, partitions, &this_read).map_err(|e| format!("end markers: {e}"))?;
 
     let consumer = reader(isolation);
     assign_all(&consumer, topic, partitions);
@@ -275,10 +285,11 @@ pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRe
     let deadline = Instant::now() + Duration::from_secs(60);
     let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
     while done.len() < partitions as usize {
-        assert!(
-            Instant::now() < deadline,
-            "markers visible on partitions {done:?} of {partitions} only: a transaction is left hanging on {topic}"
-        );
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "markers visible on partitions {done:?} of {partitions} only: a transaction is left hanging on {topic}"
+            ));
+        }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(msg)) => {
                 let headers: BTreeMap<String, String> = msg
@@ -304,11 +315,11 @@ pub fn read_records(topic: &str, partitions: i32, isolation: &str) -> Vec<ReadRe
                     });
                 }
             }
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            Some(Err(e)) => return Err(format!("reading {topic}: {e}")),
             None => {}
         }
     }
-    records
+    Ok(records)
 }
 
 /// Asserts that `output` holds every id of `input` exactly once and nothing else.
