@@ -56,6 +56,7 @@ pub mod dlq;
 pub mod doctor;
 pub mod engine;
 pub mod failpoints;
+pub mod fence;
 pub mod histogram;
 pub mod kafka;
 pub mod lineage;

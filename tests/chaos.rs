@@ -21,7 +21,8 @@
 //! duplicates counted, a non-transactional marker per output partition proving no
 //! transaction hangs), exactly the expected rows in PostgreSQL, each counted once (a counter
 //! column summed by the upsert would count a record applied twice), and every poison record
-//! in the dead-letter topic exactly once (read up to markers too).
+//! in the dead-letter topic exactly once (read up to markers too); and `onceflow reconcile`
+//! over the round's topology must report 0 missing, 0 duplicated, 0 hanging.
 //!
 //! Ignored by default: `scripts/chaos` starts the cluster and a PostgreSQL server of its own
 //! and runs it. Environment (besides `ONCEFLOW_TEST_BOOTSTRAP`, `KAFKA_PORT`,
@@ -627,6 +628,63 @@ fn compare(
     summary
 }
 
+/// `onceflow reconcile` over the round's topology (inputs to the group's committed offsets,
+/// the Kafka output and the dead-letter topic read_committed, the table through its inbox, a
+/// marker per partition): anything but 0 missing, 0 duplicated and 0 hanging is a problem.
+fn reconcile(topology: &Path, pg_url: &str, problems: &mut Vec<String>) -> String {
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("reconcile")
+        .arg(topology)
+        .args(["--bootstrap-servers", &bootstrap(), "--json"])
+        .env(PG_URL_ENV, pg_url)
+        .env("RUST_LOG", "warn")
+        .output();
+    let output = match run {
+        Ok(output) => output,
+        Err(e) => {
+            problems.push(format!("reconcile did not run: {e}"));
+            return "reconcile: did not run".into();
+        }
+    };
+    let report: serde_json::Value = match serde_json::from_slice(&output.stdout) {
+        Ok(report) => report,
+        Err(e) => {
+            problems.push(format!(
+                "reconcile gave no report ({e}, {}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+            return "reconcile: no report".into();
+        }
+    };
+    let total = |field: &str| -> u64 {
+        report["partitions"]
+            .as_array()
+            .map(|ps| ps.iter().filter_map(|p| p[field].as_u64()).sum())
+            .unwrap_or(0)
+    };
+    let hanging = report["hanging"].as_array().map_or(0, Vec::len);
+    let summary = format!(
+        "reconcile: {} consumed, {} produced, {} filtered, {} dead-lettered; {} missing, {} duplicated, {hanging} hanging ({} markers); {} in {:.0} s",
+        total("consumed"),
+        total("produced"),
+        total("filtered"),
+        total("dead_lettered"),
+        report["missing"],
+        report["duplicated"],
+        report["markers"],
+        report["records_read"],
+        report["seconds"].as_f64().unwrap_or(0.0),
+    );
+    if !output.status.success() || report["ok"] != true {
+        problems.push(format!(
+            "{summary}; exit {}; streams {}",
+            output.status, report["streams"]
+        ));
+    }
+    summary
+}
+
 // --- one round -------------------------------------------------------------------------------
 
 struct RoundResult {
@@ -916,6 +974,9 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         }
         Err(e) => problems.push(format!("PostgreSQL: {e}")),
     }
+    verdict
+        .found
+        .push(reconcile(&topology_path, &cfg.pg_url, &mut problems));
     for f in &faults {
         for v in &f.violations {
             problems.push(format!("{}: {v}", f.kind.name()));

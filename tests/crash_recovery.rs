@@ -183,6 +183,55 @@ fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_surv
     assert_exactly_once(&all, &read_all(&s.output, PARTITIONS, "read_committed"));
 }
 
+/// Two live processes started with one instance id by mistake take the id from each other
+/// (each rejoin and each rebuilt producer fences the other): the fence rule (crate::fence)
+/// must stop one of them, with status 1, within moments rather than let them trade the id
+/// forever, and the other must finish the work exactly once.
+#[test]
+fn of_two_live_instances_sharing_an_id_one_stops_and_the_other_finishes() {
+    let s = setup("twins", 0, "  max_records_per_txn: 500\n");
+    let all: BTreeSet<u64> = (0..20_000).collect();
+    let feeder = {
+        let input = s.input.clone();
+        let all = all.clone();
+        std::thread::spawn(move || produce_ids_paced(&input, all, Some(1_000)))
+    };
+    let mut first = spawn(&s, "twin-0");
+    assert!(
+        wait_for_distinct(&s.output, PARTITIONS, 500, Duration::from_secs(120)) >= 500,
+        "the first instance did not start"
+    );
+    let mut second = spawn(&s, "twin-0");
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let (stopped, mut survivor) = loop {
+        if let Some(status) = first.try_wait().expect("try_wait") {
+            break (status, second);
+        }
+        if let Some(status) = second.try_wait().expect("try_wait") {
+            break (status, first);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both instances with one id still run after 150 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        stopped.code(),
+        Some(1),
+        "the one that stops fails: {stopped:?}"
+    );
+    feeder.join().expect("feeder");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, all.len(), Duration::from_secs(180));
+    assert!(
+        survivor.try_wait().expect("try_wait").is_none(),
+        "the other one must live on"
+    );
+    terminate(survivor);
+    assert_eq!(seen, all.len(), "not every record came through");
+    assert_exactly_once(&all, &read_all(&s.output, PARTITIONS, "read_committed"));
+}
+
 #[test]
 fn instances_joining_and_dying_mid_run_keep_exactly_once() {
     let s = setup("scale", 0, "  max_records_per_txn: 500\n");

@@ -22,6 +22,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 
 use crate::dlq;
+use crate::fence::Fences;
 use crate::kafka::clients;
 pub use crate::kafka::clients::Identity;
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
@@ -56,6 +57,14 @@ pub enum EngineError {
     Txn(#[from] TxnError),
     #[error("consumer fenced or failed fatally: {0}")]
     ConsumerFatal(RDKafkaErrorCode),
+    #[error(
+        "consumer fenced again within {}s of its last fence ({code}): does another running process use group.instance.id {instance}?",
+        crate::fence::FENCE_WINDOW.as_secs()
+    )]
+    FencedAgain {
+        instance: String,
+        code: RDKafkaErrorCode,
+    },
     #[error("record {topic}[{partition}]@{offset} failed: {message}")]
     Transform {
         topic: String,
@@ -150,19 +159,24 @@ pub fn run(
     // with a new one until the old session expires. Only a job that has consumed nothing
     // yet: one refused after consuming is a woken zombie whose place was taken, and stops.
     let deadline = Instant::now() + INSTANCE_ID_WAIT;
-    // Under the classic protocol a member that joins with this instance's id fences it
-    // (FENCED_INSTANCE_ID). A woken zombie that rejoined before its stall watch ended it
-    // (crate::supervise) is gone a moment later: join again, once in the life of the
-    // process, and the newer instance keeps the id. Two live processes sharing an id take it
-    // from each other at most once each, and the later one keeps it.
-    let mut rejoined = false;
+    // FENCED_INSTANCE_ID comes from a member that joined with this instance's id (a woken
+    // zombie whose stall watch has not ended it yet, gone a moment later) or from a failover
+    // of the group coordinator (this member's own rejoin): join again, as crate::fence says.
+    let mut fences = Fences::default();
     loop {
         let mut consumed = 0;
         match run_once(topology, identity, options, shutdown, &mut consumed) {
             Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::FencedInstanceId))
-                if !rejoined && !shutdown.load(Ordering::Relaxed) =>
+                if !shutdown.load(Ordering::Relaxed) =>
             {
-                rejoined = true;
+                if !fences.recover(Instant::now()) {
+                    let e = EngineError::FencedAgain {
+                        instance: identity.instance_id.clone(),
+                        code,
+                    };
+                    telemetry::fatal(&e);
+                    return Err(e);
+                }
                 telemetry::rejoining_after_fence(&code, FENCED_REJOIN_AFTER);
                 std::thread::sleep(FENCED_REJOIN_AFTER);
             }

@@ -113,7 +113,7 @@ pub fn stalled(gap: Duration, limit: Duration) {
 
 /// Another member took this instance's id; the job joins again once.
 pub fn rejoining_after_fence(error: &dyn std::fmt::Display, after: Duration) {
-    warn!(%error, after_s = after.as_secs_f64(), "fenced by a member with the same group.instance.id; joining again once (a woken zombie ends itself)");
+    warn!(%error, after_s = after.as_secs_f64(), "fenced (by a member with the same group.instance.id, or by a failover of the group coordinator); joining again");
 }
 
 pub fn fatal(error: &dyn std::fmt::Display) {

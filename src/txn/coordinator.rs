@@ -931,6 +931,26 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_is_cured_by_a_rebuild_and_a_second_one_within_the_window_stops_the_job() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = fixture(None);
+        add(&mut f, &origin(0, 0));
+        f.cluster
+            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_PRODUCER_FENCED])
+            .unwrap();
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        add(&mut f, &origin(0, 0));
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        assert_eq!(f.txn.stats().producer_rebuilds, 1);
+        add(&mut f, &origin(0, 1));
+        f.cluster
+            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_PRODUCER_FENCED])
+            .unwrap();
+        let err = f.txn.commit(&f.consumer).expect_err("fenced again at once");
+        assert!(matches!(err, TxnError::FencedAgain { .. }), "{err}");
+    }
+
+    #[test]
     fn a_rebuilt_producer_failing_again_before_any_commit_stops_the_job() {
         use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = fixture(None);

@@ -69,10 +69,13 @@ pub enum TxnError {
         "init_transactions failed (is the broker reachable, and does it allow transactions?): {error}"
     )]
     Init { error: KafkaError },
-    #[error(
-        "producer failed fatally again, before committing since it was rebuilt (or fenced a second time): {error}"
-    )]
+    #[error("producer failed fatally again, before committing since it was rebuilt: {error}")]
     FatalAgain { error: KafkaError },
+    #[error(
+        "producer fenced again within {}s of its last fence: does another running process use the same transactional.id? {error}",
+        crate::fence::FENCE_WINDOW.as_secs()
+    )]
+    FencedAgain { error: KafkaError },
     #[error("cannot rewind ({what}): {error}")]
     Rewind { what: String, error: KafkaError },
     /// A participant failed in a way no retry or abort cures.

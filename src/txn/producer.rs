@@ -17,8 +17,9 @@ use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, TopicPartitionList};
 
 use super::TxnError;
-use super::classify::{TxnAction, classify, traits_of};
+use super::classify::{TxnAction, classify, is_fencing_code, traits_of};
 use super::collector::DeliveryTracker;
+use crate::fence::Fences;
 use crate::retry;
 use crate::telemetry::{self, health::Health};
 
@@ -33,26 +34,36 @@ pub(super) type Client = BaseProducer<DeliveryTracker>;
 /// with the same transactional.id: rebuild, as often as it takes, provided the new producer
 /// proved itself by committing a transaction in between. A producer failing again before any
 /// commit cannot be cured by rebuilding: the job stops. A fence (another producer took the
-/// transactional.id, or the coordinator bumped the epoch) is rebuilt from at most once in the
-/// life of the process, so two processes sharing an id cannot take it from each other forever.
+/// transactional.id, or the coordinator bumped the epoch itself) is rebuilt from as
+/// [`Fences`] allows: not within [`crate::fence::FENCE_WINDOW`] of the last one.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Rebuilds {
     /// The producer was rebuilt and has not committed since.
     unproven: bool,
-    /// The producer was rebuilt after being fenced.
-    fenced_once: bool,
+    fences: Fences,
+}
+
+/// Why a producer that failed fatally may not be rebuilt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// It failed again before committing since its last rebuild.
+    Unproven,
+    /// It was fenced within the fence window of its last fence.
+    FencedAgain,
 }
 
 impl Rebuilds {
-    /// Whether a producer that failed fatally (`fenced` or not) may be rebuilt now; if so,
-    /// counts the rebuild.
-    pub fn allow(&mut self, fenced: bool) -> bool {
-        if self.unproven || (fenced && self.fenced_once) {
-            return false;
+    /// Whether a producer that failed fatally (`fenced` or not) at `now` may be rebuilt; if
+    /// so, counts the rebuild.
+    pub fn allow(&mut self, fenced: bool, now: Instant) -> Result<(), Refused> {
+        if fenced && !self.fences.recover(now) {
+            return Err(Refused::FencedAgain);
+        }
+        if self.unproven {
+            return Err(Refused::Unproven);
         }
         self.unproven = true;
-        self.fenced_once |= fenced;
-        true
+        Ok(())
     }
 
     /// A transaction committed: the producer works.
@@ -144,9 +155,18 @@ impl Producer {
     /// Replaces a producer that failed fatally, as [`Rebuilds`] allows: the new producer's
     /// init_transactions completes or aborts whatever the old one left open.
     pub fn rebuild(&mut self, err: KafkaError) -> Result<(), TxnError> {
-        let fenced = traits_of(&err, false).fenced;
-        if !self.rebuilds.allow(fenced) {
-            return Err(TxnError::FatalAgain { error: err });
+        // The error in hand may be a consequence (a purged or failed delivery) of the fence
+        // the client itself reports as its fatal error.
+        let fenced = traits_of(&err, false).fenced
+            || self
+                .client
+                .client()
+                .fatal_error()
+                .is_some_and(|(code, _)| is_fencing_code(code));
+        match self.rebuilds.allow(fenced, Instant::now()) {
+            Ok(()) => {}
+            Err(Refused::Unproven) => return Err(TxnError::FatalAgain { error: err }),
+            Err(Refused::FencedAgain) => return Err(TxnError::FencedAgain { error: err }),
         }
         telemetry::producer_rebuilt(&err, fenced);
         self.client
@@ -212,34 +232,66 @@ fn create_client(
 
 #[cfg(test)]
 mod tests {
-    use super::Rebuilds;
+    use std::time::{Duration, Instant};
+
+    use super::{Rebuilds, Refused};
+    use crate::fence::FENCE_WINDOW;
 
     #[test]
     fn a_producer_is_rebuilt_again_only_after_it_committed() {
+        let now = Instant::now();
         let mut r = Rebuilds::default();
-        assert!(r.allow(false));
-        assert!(
-            !r.allow(false),
+        assert_eq!(r.allow(false, now), Ok(()));
+        assert_eq!(
+            r.allow(false, now),
+            Err(Refused::Unproven),
             "failing again before any commit stops the job"
         );
         r.committed();
-        assert!(
-            r.allow(false),
+        assert_eq!(
+            r.allow(false, now),
+            Ok(()),
             "a rebuilt producer that committed may be rebuilt again"
         );
         r.committed();
-        assert!(r.allow(false));
+        assert_eq!(r.allow(false, now), Ok(()));
     }
 
     #[test]
-    fn a_fence_is_rebuilt_from_once_in_the_life_of_the_process() {
+    fn fences_are_rebuilt_from_unless_one_follows_another_within_the_window() {
+        let start = Instant::now();
         let mut r = Rebuilds::default();
-        assert!(r.allow(true));
+        assert_eq!(r.allow(true, start), Ok(()));
         r.committed();
-        assert!(!r.allow(true), "a second fence ends the job");
-        assert!(r.allow(false), "other fatal errors are still cured");
+        assert_eq!(
+            r.allow(true, start + Duration::from_secs(2)),
+            Err(Refused::FencedAgain),
+            "two live producers taking the id from each other: this one stops"
+        );
+        assert_eq!(
+            r.allow(false, start + Duration::from_secs(2)),
+            Ok(()),
+            "other fatal errors are still cured"
+        );
+        r.committed();
+        assert_eq!(
+            r.allow(true, start + FENCE_WINDOW + Duration::from_secs(40)),
+            Ok(()),
+            "a broker failover a minute later is cured"
+        );
         let mut r = Rebuilds::default();
-        assert!(r.allow(false));
-        assert!(!r.allow(true), "nor before the rebuilt producer committed");
+        assert_eq!(r.allow(false, start), Ok(()));
+        assert_eq!(
+            r.allow(true, start + FENCE_WINDOW * 2),
+            Err(Refused::Unproven),
+            "nor before the rebuilt producer committed"
+        );
+        let mut r = Rebuilds::default();
+        assert_eq!(r.allow(true, start), Ok(()));
+        assert_eq!(
+            r.allow(true, start + Duration::from_secs(1)),
+            Err(Refused::FencedAgain),
+            "a rebuilt producer fenced before it could commit is told as a fence"
+        );
     }
 }
