@@ -102,15 +102,71 @@ pub async fn forced_stop(second_signal: impl Future<Output = ()>, grace: Duratio
     }
 }
 
-/// Returns once a client call has hung past its bound, saying which and for how long.
-pub async fn hung_call(health: &Health, every: Duration) -> String {
-    loop {
-        tokio::time::sleep(every).await;
-        if let Some((call, running)) = health.hung_call() {
-            return format!(
+/// What the watchdog of client calls found at one of its ticks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// The watchdog itself did not run for this long: the process was frozen, and a call
+    /// "running" across the freeze is the zombie's, not a hung client's.
+    Frozen(Duration),
+    /// A client call has not returned long after its bound.
+    Hung {
+        call: &'static str,
+        running: Duration,
+    },
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Finding::Frozen(gap) => write!(f, "the process was frozen for {} s", gap.as_secs()),
+            Finding::Hung { call, running } => write!(
+                f,
                 "the client call {call} has not returned for {} s",
                 running.as_secs()
-            );
+            ),
+        }
+    }
+}
+
+/// The decision of the watchdog of client calls, apart from its clock: a process woken from
+/// a freeze finds its call in flight "running" for as long as it was frozen, and must end as
+/// a zombie ([`STALLED_EXIT`]), whichever of this watchdog and the stall watch runs first.
+#[derive(Debug, Clone, Copy)]
+pub struct Watchdog {
+    last: tokio::time::Instant,
+    stall_limit: Duration,
+}
+
+impl Watchdog {
+    pub fn new(now: tokio::time::Instant, stall_limit: Duration) -> Watchdog {
+        Watchdog {
+            last: now,
+            stall_limit,
+        }
+    }
+
+    /// One tick at `now`, with the call that has hung past its bound, if any.
+    pub fn tick(
+        &mut self,
+        now: tokio::time::Instant,
+        hung: Option<(&'static str, Duration)>,
+    ) -> Option<Finding> {
+        let gap = now.saturating_duration_since(self.last);
+        self.last = now;
+        if stalled(gap, self.stall_limit) {
+            return Some(Finding::Frozen(gap));
+        }
+        hung.map(|(call, running)| Finding::Hung { call, running })
+    }
+}
+
+/// Returns once a client call has hung past its bound, or the process finds it was frozen.
+pub async fn hung_call(health: &Health, every: Duration, stall_limit: Duration) -> Finding {
+    let mut watchdog = Watchdog::new(tokio::time::Instant::now(), stall_limit);
+    loop {
+        tokio::time::sleep(every).await;
+        if let Some(found) = watchdog.tick(tokio::time::Instant::now(), health.hung_call()) {
+            return found;
         }
     }
 }
@@ -176,12 +232,20 @@ impl Supervisor {
                     std::process::exit(1);
                 });
             }
-            watch_for_stalls(stall_limit(&topology)).map_err(SuperviseError::Runtime)?;
+            let limit = stall_limit(&topology);
+            watch_for_stalls(limit).map_err(SuperviseError::Runtime)?;
             let health = Arc::clone(&options.health);
             tokio::spawn(async move {
-                let why = hung_call(&health, Duration::from_secs(1)).await;
-                telemetry::stop_forced(&why);
-                std::process::exit(1);
+                match hung_call(&health, Duration::from_secs(1), limit).await {
+                    Finding::Frozen(gap) => {
+                        telemetry::stalled(gap, limit);
+                        std::process::exit(STALLED_EXIT);
+                    }
+                    hung => {
+                        telemetry::stop_forced(&hung.to_string());
+                        std::process::exit(1);
+                    }
+                }
             });
             let job = tokio::task::spawn_blocking(move || {
                 engine::run(&topology, &identity, &options, &shutdown)
@@ -267,18 +331,43 @@ mod tests {
         health.set_call_bound(Duration::ZERO);
         health.call_started("commit_transaction");
         health.call_finished();
+        let limit = Duration::from_secs(3600);
         let quiet = tokio::time::timeout(
             Duration::from_millis(50),
-            hung_call(&health, Duration::from_millis(5)),
+            hung_call(&health, Duration::from_millis(5), limit),
         )
         .await;
         assert!(quiet.is_err(), "no call is running");
         health.call_started("commit_transaction");
         std::thread::sleep(Duration::from_millis(5));
-        let why = hung_call(&health, Duration::from_millis(5)).await;
+        let why = hung_call(&health, Duration::from_millis(5), limit)
+            .await
+            .to_string();
         assert!(
             why.starts_with("the client call commit_transaction has not returned"),
             "{why}"
+        );
+    }
+
+    #[test]
+    fn a_call_running_across_a_freeze_is_the_zombie_s_not_a_hung_client_s() {
+        let start = tokio::time::Instant::now();
+        let limit = Duration::from_secs(6);
+        let mut w = Watchdog::new(start, limit);
+        assert_eq!(w.tick(start + Duration::from_secs(1), None), None);
+        // Frozen for 14 s in the middle of a commit: on waking, the commit has "run" 15 s.
+        let hung = Some(("commit_transaction", Duration::from_secs(15)));
+        assert_eq!(
+            w.tick(start + Duration::from_secs(15), hung),
+            Some(Finding::Frozen(Duration::from_secs(14)))
+        );
+        // Ticking along, a call past its bound is a hung client.
+        assert_eq!(
+            w.tick(start + Duration::from_secs(16), hung),
+            Some(Finding::Hung {
+                call: "commit_transaction",
+                running: Duration::from_secs(15)
+            })
         );
     }
 }
