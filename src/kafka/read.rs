@@ -160,24 +160,38 @@ fn assign_from_committed(
     Ok(pending)
 }
 
-/// Reads `ranges` of `topic` like [`read_ranges`], split over up to `threads` threads, each
-/// with its own [`reader`] of `group` and its own share of the partitions (whole
+/// Partition to `[start, end)`.
+pub type Ranges = BTreeMap<i32, (i64, i64)>;
+/// Partition to the end offset a read did not reach.
+pub type Unfinished = BTreeMap<i32, i64>;
+
+/// What [`read_ranges_split`] reads, and with what.
+pub struct Split<'a> {
+    pub cluster: &'a Cluster,
+    /// The group of its readers (assigned partitions, never joined or committed).
+    pub group: &'a str,
+    pub topic: &'a str,
+    /// Partition to `[start, end)`.
+    pub ranges: &'a BTreeMap<i32, (i64, i64)>,
+    /// How long a read may see nothing before it gives up (see [`read_ranges`]).
+    pub idle: Duration,
+    /// How many readers at most (at most one per partition).
+    pub threads: usize,
+}
+
+/// Reads `split.ranges` of `split.topic` like [`read_ranges`], over up to `split.threads`
+/// threads, each with its own [`reader`] and its own share of the partitions (whole
 /// partitions, so each one is still read in offset order). `init` makes a thread's state,
 /// `each` is called with it for every record of its partitions; the states come back with
 /// the partitions each thread could not finish, for the caller to merge. `progress` is called
 /// on the calling thread, about every 200 ms, with the records read so far.
 pub fn read_ranges_split<S: Send, E: From<ReadError> + Send>(
-    cluster: &Cluster,
-    group: &str,
-    topic: &str,
-    ranges: &BTreeMap<i32, (i64, i64)>,
-    idle: Duration,
-    threads: usize,
+    split: &Split<'_>,
     init: impl Fn() -> S + Sync,
     each: impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E> + Sync,
     progress: &mut dyn FnMut(u64),
-) -> Result<Vec<(S, BTreeMap<i32, i64>)>, E> {
-    let shares = split(ranges, threads);
+) -> Result<Vec<(S, Unfinished)>, E> {
+    let shares = deal(split.ranges, split.threads);
     let read = AtomicU64::new(0);
     let done = AtomicUsize::new(0);
     std::thread::scope(|scope| {
@@ -186,21 +200,7 @@ pub fn read_ranges_split<S: Send, E: From<ReadError> + Send>(
             .map(|share| {
                 let (init, each, read, done) = (&init, &each, &read, &done);
                 scope.spawn(move || {
-                    let result = (|| {
-                        let consumer = reader(cluster, group).map_err(ReadError::from)?;
-                        let mut state = init();
-                        let mut unreported = 0u64;
-                        let unfinished = read_ranges(&consumer, topic, share, idle, |msg| {
-                            unreported += 1;
-                            if unreported == 4096 {
-                                read.fetch_add(unreported, Ordering::Relaxed);
-                                unreported = 0;
-                            }
-                            each(&mut state, msg)
-                        })?;
-                        read.fetch_add(unreported, Ordering::Relaxed);
-                        Ok((state, unfinished))
-                    })();
+                    let result = read_share(split, share, init, each, read);
                     done.fetch_add(1, Ordering::Release);
                     result
                 })
@@ -222,9 +222,32 @@ pub fn read_ranges_split<S: Send, E: From<ReadError> + Send>(
     })
 }
 
+/// One thread of [`read_ranges_split`]: its consumer over its `share`.
+fn read_share<S, E: From<ReadError>>(
+    split: &Split<'_>,
+    share: &BTreeMap<i32, (i64, i64)>,
+    init: &impl Fn() -> S,
+    each: &impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E>,
+    read: &AtomicU64,
+) -> Result<(S, BTreeMap<i32, i64>), E> {
+    let consumer = reader(split.cluster, split.group).map_err(ReadError::from)?;
+    let mut state = init();
+    let mut unreported = 0u64;
+    let unfinished = read_ranges(&consumer, split.topic, share, split.idle, |msg| {
+        unreported += 1;
+        if unreported == 4096 {
+            read.fetch_add(unreported, Ordering::Relaxed);
+            unreported = 0;
+        }
+        each(&mut state, msg)
+    })?;
+    read.fetch_add(unreported, Ordering::Relaxed);
+    Ok((state, unfinished))
+}
+
 /// `ranges` dealt into at most `n` non-empty shares of whole partitions, balanced by the
 /// records each holds (largest first, each to the lightest share).
-fn split(ranges: &BTreeMap<i32, (i64, i64)>, n: usize) -> Vec<BTreeMap<i32, (i64, i64)>> {
+fn deal(ranges: &BTreeMap<i32, (i64, i64)>, n: usize) -> Vec<BTreeMap<i32, (i64, i64)>> {
     let mut parts: Vec<(i32, (i64, i64))> = ranges
         .iter()
         .filter(|(_, (start, end))| start < end)
@@ -232,7 +255,7 @@ fn split(ranges: &BTreeMap<i32, (i64, i64)>, n: usize) -> Vec<BTreeMap<i32, (i64
         .collect();
     parts.sort_by_key(|(p, (start, end))| (std::cmp::Reverse(end - start), *p));
     let n = n.clamp(1, parts.len().max(1));
-    let mut shares: Vec<(i64, BTreeMap<i32, (i64, i64)>)> = vec![(0, BTreeMap::new()); n];
+    let mut shares: Vec<(i64, Ranges)> = vec![(0, BTreeMap::new()); n];
     for (p, (start, end)) in parts {
         if let Some(lightest) = shares.iter_mut().min_by_key(|(load, _)| *load) {
             lightest.0 += end - start;
@@ -379,7 +402,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let shares = split(&ranges, 2);
+        let shares = deal(&ranges, 2);
         assert_eq!(shares.len(), 2);
         let loads: Vec<i64> = shares
             .iter()
@@ -393,12 +416,8 @@ mod tests {
             vec![0, 1, 3, 4],
             "every partition with records, once; none empty"
         );
-        assert_eq!(
-            split(&ranges, 16).len(),
-            4,
-            "no more shares than partitions"
-        );
-        assert_eq!(split(&ranges, 0).len(), 1);
-        assert!(split(&BTreeMap::new(), 2).is_empty());
+        assert_eq!(deal(&ranges, 16).len(), 4, "no more shares than partitions");
+        assert_eq!(deal(&ranges, 0).len(), 1);
+        assert!(deal(&BTreeMap::new(), 2).is_empty());
     }
 }

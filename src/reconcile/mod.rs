@@ -315,13 +315,16 @@ pub fn run(
         };
         let (name, kind) = (s.report.name.clone(), s.report.kind);
         let base = read_so_far;
-        let shares = read::read_ranges_split(
+        let split = read::Split {
             cluster,
-            READER_GROUP,
-            &topic,
+            group: READER_GROUP,
+            topic: &topic,
             ranges,
             idle,
-            options.threads,
+            threads: options.threads,
+        };
+        let shares = read::read_ranges_split(
+            &split,
             || stream(&name, kind),
             |share: &mut Stream, msg| {
                 attribute(share, msg, &inputs, &input_ranges);
@@ -438,17 +441,17 @@ pub fn run(
             }
             Ok::<_, ReconcileError>(())
         };
-        let shares = read::read_ranges_split(
+        let split = read::Split {
             cluster,
-            READER_GROUP,
+            group: READER_GROUP,
             topic,
             ranges,
-            options.idle,
-            options.threads,
-            InputShare::default,
-            each,
-            &mut |n| progress(base + n, total),
-        )?;
+            idle: options.idle,
+            threads: options.threads,
+        };
+        let shares = read::read_ranges_split(&split, InputShare::default, each, &mut |n| {
+            progress(base + n, total)
+        })?;
         let mut unfinished = BTreeMap::new();
         for (share, left) in shares {
             read_so_far += share.read;
