@@ -2,6 +2,7 @@
 //! its committed transactions wrote, up to the end offsets taken when it starts.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -159,6 +160,115 @@ fn assign_from_committed(
     Ok(pending)
 }
 
+/// Partition to `[start, end)`.
+pub type Ranges = BTreeMap<i32, (i64, i64)>;
+/// Partition to the end offset a read did not reach.
+pub type Unfinished = BTreeMap<i32, i64>;
+
+/// What [`read_ranges_split`] reads, and with what.
+pub struct Split<'a> {
+    pub cluster: &'a Cluster,
+    /// The group of its readers (assigned partitions, never joined or committed).
+    pub group: &'a str,
+    pub topic: &'a str,
+    /// Partition to `[start, end)`.
+    pub ranges: &'a BTreeMap<i32, (i64, i64)>,
+    /// How long a read may see nothing before it gives up (see [`read_ranges`]).
+    pub idle: Duration,
+    /// How many readers at most (at most one per partition).
+    pub threads: usize,
+}
+
+/// Reads `split.ranges` of `split.topic` like [`read_ranges`], over up to `split.threads`
+/// threads, each with its own [`reader`] and its own share of the partitions (whole
+/// partitions, so each one is still read in offset order). `init` makes a thread's state,
+/// `each` is called with it for every record of its partitions; the states come back with
+/// the partitions each thread could not finish, for the caller to merge. `progress` is called
+/// on the calling thread, about every 200 ms, with the records read so far.
+pub fn read_ranges_split<S: Send, E: From<ReadError> + Send>(
+    split: &Split<'_>,
+    init: impl Fn() -> S + Sync,
+    each: impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E> + Sync,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<(S, Unfinished)>, E> {
+    let shares = deal(split.ranges, split.threads);
+    let read = AtomicU64::new(0);
+    let done = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .iter()
+            .map(|share| {
+                let (init, each, read, done) = (&init, &each, &read, &done);
+                scope.spawn(move || {
+                    let result = read_share(split, share, init, each, read);
+                    done.fetch_add(1, Ordering::Release);
+                    result
+                })
+            })
+            .collect();
+        while done.load(Ordering::Acquire) < workers.len() {
+            std::thread::sleep(Duration::from_millis(200));
+            progress(read.load(Ordering::Relaxed));
+        }
+        progress(read.load(Ordering::Relaxed));
+        workers
+            .into_iter()
+            .map(|w| match w.join() {
+                Ok(result) => result,
+                // A panic in a reader is a bug: carry it on to the caller's thread.
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+            .collect()
+    })
+}
+
+/// One thread of [`read_ranges_split`]: its consumer over its `share`.
+fn read_share<S, E: From<ReadError>>(
+    split: &Split<'_>,
+    share: &BTreeMap<i32, (i64, i64)>,
+    init: &impl Fn() -> S,
+    each: &impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E>,
+    read: &AtomicU64,
+) -> Result<(S, BTreeMap<i32, i64>), E> {
+    let consumer = reader(split.cluster, split.group).map_err(ReadError::from)?;
+    let mut state = init();
+    let mut unreported = 0u64;
+    let unfinished = read_ranges(&consumer, split.topic, share, split.idle, |msg| {
+        unreported += 1;
+        if unreported == 4096 {
+            read.fetch_add(unreported, Ordering::Relaxed);
+            unreported = 0;
+        }
+        each(&mut state, msg)
+    })?;
+    read.fetch_add(unreported, Ordering::Relaxed);
+    Ok((state, unfinished))
+}
+
+/// `ranges` dealt into at most `n` non-empty shares of whole partitions, balanced by the
+/// records each holds (largest first, each to the lightest share).
+fn deal(ranges: &BTreeMap<i32, (i64, i64)>, n: usize) -> Vec<BTreeMap<i32, (i64, i64)>> {
+    let mut parts: Vec<(i32, (i64, i64))> = ranges
+        .iter()
+        .filter(|(_, (start, end))| start < end)
+        .map(|(&p, &r)| (p, r))
+        .collect();
+    parts.sort_by_key(|(p, (start, end))| (std::cmp::Reverse(end - start), *p));
+    let n = n.clamp(1, parts.len().max(1));
+    let mut shares: Vec<(i64, Ranges)> = vec![(0, BTreeMap::new()); n];
+    for (p, (start, end)) in parts {
+        if let Some(lightest) = shares.iter_mut().min_by_key(|(load, _)| *load) {
+            lightest.0 += end - start;
+            lightest.1.insert(p, (start, end));
+        }
+    }
+    shares
+        .into_iter()
+        .map(|(_, share)| share)
+        .filter(|share| !share.is_empty())
+        .collect()
+}
+
 /// Reads `ranges` of `topic` (partition to `[start, end)`), calling `each` for every record
 /// in them, as fast as the consumer fetches. Returns the partitions it could not finish:
 /// those where nothing came for `idle` (under read_committed, a partition whose last stable
@@ -185,11 +295,14 @@ pub fn read_ranges<E: From<ReadError>>(
     }
     consumer.assign(&assign).map_err(ReadError::from)?;
     let mut idle_since = Instant::now();
+    // Whether a record came since the last empty poll: reading the clock once per record
+    // cost more than the rest of this loop.
+    let mut active = false;
     let mut since_check = 0u32;
     while !pending.is_empty() {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(msg)) => {
-                idle_since = Instant::now();
+                active = true;
                 let p = msg.partition();
                 if let Some(&end) = pending.get(&p) {
                     if msg.offset() < end {
@@ -209,7 +322,11 @@ pub fn read_ranges<E: From<ReadError>>(
             Some(Err(e)) => return Err(ReadError::from(e).into()),
             None => {
                 drop_passed(consumer, &mut pending)?;
-                if idle_since.elapsed() > idle {
+                if active {
+                    // Silent for at most one poll since the last record.
+                    active = false;
+                    idle_since = Instant::now();
+                } else if idle_since.elapsed() > idle {
                     break;
                 }
             }
@@ -268,4 +385,39 @@ pub fn read_one(
         idle: MAX_IDLE,
         pending: [(partition, offset + 1)].into_iter().collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_dealt_whole_and_balanced() {
+        let ranges: BTreeMap<i32, (i64, i64)> = [
+            (0, (0, 100)),
+            (1, (0, 90)),
+            (2, (10, 10)),
+            (3, (5, 20)),
+            (4, (0, 80)),
+        ]
+        .into_iter()
+        .collect();
+        let shares = deal(&ranges, 2);
+        assert_eq!(shares.len(), 2);
+        let loads: Vec<i64> = shares
+            .iter()
+            .map(|s| s.values().map(|(a, b)| b - a).sum())
+            .collect();
+        assert_eq!(loads, vec![115, 170]);
+        let mut all: Vec<i32> = shares.iter().flat_map(|s| s.keys().copied()).collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            vec![0, 1, 3, 4],
+            "every partition with records, once; none empty"
+        );
+        assert_eq!(deal(&ranges, 16).len(), 4, "no more shares than partitions");
+        assert_eq!(deal(&ranges, 0).len(), 1);
+        assert!(deal(&BTreeMap::new(), 2).is_empty());
+    }
 }

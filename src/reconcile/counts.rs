@@ -37,6 +37,23 @@ impl Counts {
             .map_or(0, |c| c[(offset as usize) & (CHUNK - 1)])
     }
 
+    /// Adds every count of `other` to these (saturating), as if its sightings had been
+    /// counted here: how the counts of readers that ran side by side come together.
+    pub fn merge(&mut self, other: Counts) {
+        for (index, chunk) in other.chunks {
+            match self.chunks.entry(index) {
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(chunk);
+                }
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    for (mine, theirs) in e.get_mut().iter_mut().zip(chunk.iter()) {
+                        *mine = mine.saturating_add(*theirs);
+                    }
+                }
+            }
+        }
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.chunks.len() * CHUNK
@@ -64,5 +81,25 @@ mod tests {
             c.add(5);
         }
         assert_eq!(c.get(5), 255);
+    }
+
+    #[test]
+    fn merged_counts_are_the_sum_of_both() {
+        let mut a = Counts::default();
+        let mut b = Counts::default();
+        a.add(1);
+        a.add(2);
+        b.add(2);
+        b.add(200_000);
+        for _ in 0..200 {
+            a.add(9);
+            b.add(9);
+        }
+        a.merge(b);
+        assert_eq!(
+            (a.get(1), a.get(2), a.get(3), a.get(9), a.get(200_000)),
+            (1, 2, 0, 255, 1)
+        );
+        assert_eq!(a.bytes(), 2 * CHUNK);
     }
 }

@@ -81,6 +81,9 @@ pub struct Options {
     pub marker_timeout: Duration,
     /// How long a read may see nothing before it gives up on a partition.
     pub idle: Duration,
+    /// How many readers read a topic side by side, each with its own consumer and share of
+    /// the partitions (at most one per partition).
+    pub threads: usize,
 }
 
 impl Default for Options {
@@ -89,6 +92,7 @@ impl Default for Options {
             markers: true,
             marker_timeout: Duration::from_secs(30),
             idle: Duration::from_secs(30),
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -163,7 +167,43 @@ struct Stream {
     report: StreamReport,
     /// Counts by input (index in `inputs`) and partition.
     counts: HashMap<(usize, i32), Counts>,
+    /// Reconcile markers read (not records of the stream).
+    markers_seen: u64,
 }
+
+impl Stream {
+    /// Adds what another reader of the same stream read.
+    fn merge(&mut self, other: Stream) {
+        let (r, o) = (&mut self.report, other.report);
+        r.records += o.records;
+        r.unattributed += o.unattributed;
+        r.malformed += o.malformed;
+        r.foreign += o.foreign;
+        r.beyond_committed += o.beyond_committed;
+        r.before_range += o.before_range;
+        self.markers_seen += other.markers_seen;
+        for (key, counts) in other.counts {
+            self.counts.entry(key).or_default().merge(counts);
+        }
+    }
+}
+
+/// What one reader of an input makes of its share of the partitions.
+#[derive(Default)]
+struct InputShare {
+    /// Records read.
+    read: u64,
+    /// Tallies of its partitions, made as their first record comes.
+    tallies: BTreeMap<i32, PartitionTally>,
+    /// Records whose PostgreSQL trace is to be looked for by event id.
+    pending: Vec<Pending>,
+    /// The pipeline's output buffer, reused from record to record.
+    produced: Vec<(usize, crate::record::Record)>,
+}
+
+/// The consumer group of reconcile's readers (assigned partitions, never joined or
+/// committed).
+const READER_GROUP: &str = "onceflow.reconcile";
 
 /// What reconcile needs of an input partition: `[from, committed)`.
 type Ranges = BTreeMap<i32, (i64, i64)>;
@@ -273,14 +313,31 @@ pub fn run(
         } else {
             options.idle
         };
-        let unfinished = read::read_ranges(&consumer, &topic, ranges, idle, |msg| {
-            read_so_far += 1;
-            if read_so_far.is_multiple_of(8192) {
-                progress(read_so_far, total);
-            }
-            attribute(s, msg, &inputs, &input_ranges);
-            Ok::<_, ReconcileError>(())
-        })?;
+        let (name, kind) = (s.report.name.clone(), s.report.kind);
+        let base = read_so_far;
+        let split = read::Split {
+            cluster,
+            group: READER_GROUP,
+            topic: &topic,
+            ranges,
+            idle,
+            threads: options.threads,
+        };
+        let shares = read::read_ranges_split(
+            &split,
+            || stream(&name, kind),
+            |share: &mut Stream, msg| {
+                attribute(share, msg, &inputs, &input_ranges);
+                Ok::<_, ReconcileError>(())
+            },
+            &mut |n| progress(base + n, total),
+        )?;
+        let mut unfinished = BTreeMap::new();
+        for (share, left) in shares {
+            read_so_far += share.report.records + share.markers_seen;
+            s.merge(share);
+            unfinished.extend(left);
+        }
         stalled(&topic, unfinished, &hanging, options.idle)?;
     }
     for (s, name, config) in &postgres_outputs {
@@ -319,25 +376,24 @@ pub fn run(
         })
         .collect();
     let mut checks = Absorbed::default();
-    let mut produced = Vec::new();
     for (input, topic) in inputs.iter().enumerate() {
         let ranges = &input_ranges[input];
         let mut tallies: BTreeMap<i32, PartitionTally> = ranges
             .iter()
             .map(|(&p, &(from, to))| (p, PartitionTally::new(topic, p, from, to)))
             .collect();
-        let unfinished = read::read_ranges(&consumer, topic, ranges, options.idle, |msg| {
-            read_so_far += 1;
-            if read_so_far.is_multiple_of(8192) {
-                progress(read_so_far, total);
-            }
+        let base = read_so_far;
+        let streams = &streams;
+        let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
+        let each = |share: &mut InputShare, msg: &BorrowedMessage<'_>| {
+            share.read += 1;
             let expected = expect(
-                &pipeline,
+                pipeline,
                 msg,
-                &stream_of,
-                &mappings,
+                stream_of,
+                mappings,
                 streams.len(),
-                &mut produced,
+                &mut share.produced,
             );
             let key = (input, msg.partition());
             let seen: Vec<u32> = streams
@@ -366,7 +422,7 @@ pub fn run(
                         .into_iter()
                         .filter(|(s, _)| streams.contains(s))
                         .collect();
-                    checks.pending.push(Pending {
+                    share.pending.push(Pending {
                         partition: msg.partition(),
                         offset: msg.offset(),
                         ask,
@@ -375,11 +431,35 @@ pub fn run(
                     return Ok(());
                 }
             };
-            if let Some(t) = tallies.get_mut(&msg.partition()) {
-                t.count(msg.offset(), verdict);
+            let p = msg.partition();
+            if let Some(&(from, to)) = ranges.get(&p) {
+                share
+                    .tallies
+                    .entry(p)
+                    .or_insert_with(|| PartitionTally::new(topic, p, from, to))
+                    .count(msg.offset(), verdict);
             }
             Ok::<_, ReconcileError>(())
+        };
+        let split = read::Split {
+            cluster,
+            group: READER_GROUP,
+            topic,
+            ranges,
+            idle: options.idle,
+            threads: options.threads,
+        };
+        let shares = read::read_ranges_split(&split, InputShare::default, each, &mut |n| {
+            progress(base + n, total)
         })?;
+        let mut unfinished = BTreeMap::new();
+        for (share, left) in shares {
+            read_so_far += share.read;
+            // Each reader had partitions of its own: its tallies replace the empty ones.
+            tallies.extend(share.tallies);
+            checks.pending.extend(share.pending);
+            unfinished.extend(left);
+        }
         stalled(topic, unfinished, &[], options.idle)?;
         checks
             .resolve(topology, &postgres_outputs, &mut tallies)
@@ -417,6 +497,7 @@ fn stream(name: &str, kind: &'static str) -> Stream {
             ..StreamReport::default()
         },
         counts: HashMap::new(),
+        markers_seen: 0,
     }
 }
 
@@ -532,12 +613,20 @@ fn attribute(s: &mut Stream, msg: &BorrowedMessage<'_>, inputs: &[&str], ranges:
         s.report.unattributed += 1;
         return;
     };
-    let pairs = || headers.iter().map(|h| (h.key, h.value.unwrap_or_default()));
-    if pairs().any(|(k, _)| k == crate::dlq::H_MARKER) {
+    // One pass over the headers: the lineage, and whether it is a marker.
+    let mut marker = false;
+    let stamp = lineage::read(
+        headers
+            .iter()
+            .map(|h| (h.key, h.value.unwrap_or_default()))
+            .inspect(|(k, _)| marker |= *k == crate::dlq::H_MARKER),
+    );
+    if marker {
+        s.markers_seen += 1;
         return;
     }
     s.report.records += 1;
-    match lineage::read(pairs()) {
+    match stamp {
         Ok(stamp) => {
             let where_ = place(stamp.topic, stamp.partition, stamp.offset, inputs, ranges);
             count_place(s, where_);
