@@ -201,7 +201,7 @@ impl Expression {
         if let Some(found) = self.lookup(scope) {
             return found.map(|f| f.to_json());
         }
-        if let Some(json) = self.quick(scope).and_then(|s| s.to_json()) {
+        if let Some(json) = self.quick(scope).and_then(Scalar::into_json) {
             return Ok(json);
         }
         let v = self.eval(scope).map_err(|e| self.failure(e))?;
@@ -217,7 +217,7 @@ impl Expression {
             return found.map(|f| json_bytes(&f.to_json()));
         }
         if let Some(scalar) = self.quick(scope) {
-            return Ok(scalar.to_bytes());
+            return Ok(scalar.into_bytes());
         }
         let v = self.eval(scope).map_err(|e| self.failure(e))?;
         to_bytes(&v).map_err(|m| (ErrorKind::WrongType, format!("`{}`: {m}", self.source)))

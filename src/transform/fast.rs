@@ -250,6 +250,10 @@ fn raw_scalar(text: &str) -> Option<Scalar<'_>> {
         b't' if text == "true" => Scalar::Bool(true),
         b'f' if text == "false" => Scalar::Bool(false),
         b'n' if text == "null" => Scalar::Null,
+        // A fraction or an exponent is never an integer: no integer parse tried for it.
+        b'-' | b'0'..=b'9' if text.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) => {
+            Scalar::Double(text.parse::<f64>().ok()?)
+        }
         b'-' | b'0'..=b'9' => {
             if let Ok(i) = text.parse::<i64>() {
                 Scalar::Int(i)
@@ -274,6 +278,22 @@ impl Scalar<'_> {
             Scalar::Bool(b) => Json::Bool(*b),
             Scalar::Null => Json::Null,
         })
+    }
+
+    /// [`Scalar::to_json`], a string computed here moved rather than copied.
+    pub fn into_json(self) -> Option<Json> {
+        match self {
+            Scalar::Str(Cow::Owned(s)) => Some(Json::String(s)),
+            other => other.to_json(),
+        }
+    }
+
+    /// [`Scalar::to_bytes`], a string computed here moved rather than copied.
+    pub fn into_bytes(self) -> Option<Vec<u8>> {
+        match self {
+            Scalar::Str(Cow::Owned(s)) => Some(s.into_bytes()),
+            other => other.to_bytes(),
+        }
     }
 
     /// As the interpreter's result converts to key or header bytes.

@@ -423,7 +423,8 @@ impl Pipeline {
             message,
         };
         let key = match (&spec.key_encoder, &spec.key) {
-            (None, None) => work.key.clone(),
+            // `work` is this output's own: its key is moved, not copied.
+            (None, None) => work.key.take(),
             (None, Some(e)) => {
                 work.prepare(e);
                 e.eval_bytes(&work.scope())

@@ -13,7 +13,8 @@ use super::scan;
 /// A field: as found in the input, an object opened lazily, or decoded (and maybe changed).
 #[derive(Debug, Clone)]
 pub enum Field<'a> {
-    /// Valid JSON text, as it was in the input.
+    /// Valid JSON text, as it was in the input (only [`Doc::parse`] makes one: opening it
+    /// relies on it being valid).
     Raw(&'a str),
     /// An object whose own fields are found but not decoded.
     Object(Doc<'a>),
@@ -24,6 +25,10 @@ impl<'a> Field<'a> {
     /// The field decoded.
     pub fn to_json(&self) -> Json {
         match self {
+            // A string without escapes is its text between the quotes.
+            Field::Raw(raw) if raw.starts_with('"') && !raw.contains('\\') && raw.len() >= 2 => {
+                Json::String(raw[1..raw.len() - 1].to_string())
+            }
             // A raw field was validated when the document was parsed.
             Field::Raw(raw) => serde_json::from_str(raw).unwrap_or(Json::Null),
             Field::Object(doc) => doc.to_json(),
@@ -58,10 +63,11 @@ impl<'a> Field<'a> {
         if let Field::Raw(raw) = self
             && raw.starts_with('{')
         {
-            match Doc::parse_str(raw) {
-                Ok(doc) => *self = Field::Object(doc),
-                Err(_) => return false,
-            }
+            // A raw field was validated with the document: its fields are found without
+            // validating again.
+            let mut fields = scan::fields_of_valid_with(raw, |k, v| (k, Field::Raw(v)));
+            dedupe(&mut fields);
+            *self = Field::Object(Doc::Object(fields));
         }
         matches!(self, Field::Object(_) | Field::Value(Json::Object(_)))
     }
@@ -88,10 +94,10 @@ impl<'a> Doc<'a> {
     /// Parses (and validates) a document from text: an object is only scanned into its
     /// fields (see [`scan`]), any other value is decoded.
     pub fn parse_str(text: &'a str) -> Result<Doc<'a>, String> {
-        match scan::object_fields(text).map_err(|e| e.to_string())? {
-            Some(raw) => {
-                let mut fields: Vec<(Cow<'a, str>, Field<'a>)> =
-                    raw.into_iter().map(|(k, v)| (k, Field::Raw(v))).collect();
+        match scan::object_fields_with(text, |k, v| (k, Field::Raw(v)))
+            .map_err(|e| e.to_string())?
+        {
+            Some(mut fields) => {
                 dedupe(&mut fields);
                 Ok(Doc::Object(fields))
             }
@@ -294,25 +300,20 @@ impl<'a> Doc<'a> {
     }
 }
 
-/// Like serde_json, the last of duplicated keys wins. Keys are compared by length and end
-/// bytes first: most documents have no duplicate and this stays cheap.
+/// Like serde_json, the last of duplicated keys wins. Keys are compared by length and last
+/// byte first: most documents have no duplicate and this stays cheap (and allocates nothing).
 fn dedupe(fields: &mut Vec<(Cow<'_, str>, Field<'_>)>) {
-    let print = |k: &str| {
-        let b = k.as_bytes();
-        (b.len(), b.first().copied(), b.last().copied())
+    let same = |a: &str, b: &str| {
+        let (a, b) = (a.as_bytes(), b.as_bytes());
+        a.len() == b.len() && a.last() == b.last() && a == b
     };
-    let prints: Vec<_> = fields.iter().map(|(k, _)| print(k)).collect();
-    let mut duplicated = Vec::new();
-    for i in 0..fields.len() {
-        for j in i + 1..fields.len() {
-            if prints[i] == prints[j] && fields[i].0 == fields[j].0 {
-                duplicated.push(i);
-                break;
-            }
+    let mut i = 0;
+    while i < fields.len() {
+        if fields[i + 1..].iter().any(|(k, _)| same(k, &fields[i].0)) {
+            fields.remove(i);
+        } else {
+            i += 1;
         }
-    }
-    for i in duplicated.into_iter().rev() {
-        fields.remove(i);
     }
 }
 
