@@ -158,6 +158,27 @@ pub struct Phases {
     pub inputs: f64,
 }
 
+/// The connection settings of a PostgreSQL output, and a runtime to run its queries on.
+fn database(
+    config: &PostgresOutput,
+) -> Result<
+    (
+        tokio_postgres::Config,
+        Option<postgres_openssl::MakeTlsConnector>,
+        tokio::runtime::Runtime,
+    ),
+    PostgresError,
+> {
+    let url = std::env::var(&config.url_env)
+        .map_err(|_| PostgresError::MissingUrl(config.url_env.clone()))?;
+    let (pg, tls) = postgres::client_config(&url, &config.url_env, "onceflow/reconcile")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(PostgresError::Runtime)?;
+    Ok((pg, tls, runtime))
+}
+
 /// Progress of the reads: records read so far, and how many there are in all (an estimate
 /// from the offsets, known once every range is).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
@@ -705,15 +726,9 @@ fn read_inbox(
     ranges: &[Ranges],
 ) -> Result<u64, PostgresError> {
     use futures_util::{StreamExt, pin_mut};
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| PostgresError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = postgres::client_config(&url, &config.url_env, "onceflow/reconcile")?;
+    let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
     let origins = sql::qualified(&sql::origins_table(&config.inbox_table));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(PostgresError::Runtime)?;
     runtime.block_on(async {
         let (client, task) = postgres::open(&pg, &tls).await?;
         let query = format!(
@@ -800,15 +815,9 @@ fn known_messages(
     config: &PostgresOutput,
     mids: &[&str],
 ) -> Result<std::collections::HashSet<String>, PostgresError> {
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| PostgresError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = postgres::client_config(&url, &config.url_env, "onceflow/reconcile")?;
+    let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
     let inbox = sql::qualified(&config.inbox_table);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(PostgresError::Runtime)?;
     runtime.block_on(async {
         let (client, task) = postgres::open(&pg, &tls).await?;
         let query = format!(
