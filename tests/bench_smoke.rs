@@ -97,6 +97,12 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
             p50 > 0.0 && p50 <= p99 && p99 < 10_000.0,
             "commit {p50} {p99}"
         );
+        // Each step of a commit is a part of it: none of their medians above the whole's
+        // slowest.
+        for step in ["deliveries_p50_ms", "offsets_p50_ms", "end_p50_ms"] {
+            let v = num(row, step);
+            assert!(v >= 0.0 && v <= p99 + 0.01, "{step} {v} of {}", row["mode"]);
+        }
         let (e50, e99) = (num(row, "e2e_p50_ms"), num(row, "e2e_p99_ms"));
         assert!(
             e50 >= 0.0 && e50 <= e99 && e99 < 30_000.0,
@@ -108,6 +114,7 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
     assert!(md.contains("eos-100ms / alos-100ms"), "{md}");
     assert!(md.contains("eos-100ms / rpw-ceiling"), "{md}");
     assert!(md.contains("Verdict: **"), "{md}");
+    assert!(md.contains("Where a commit's time goes"), "{md}");
     assert!(!md.contains("fastest of"), "{md}");
     // Medians with their range over the two rounds: `a (b–c)` in the records/s table.
     let rates = md

@@ -49,6 +49,7 @@ use rdkafka::error::KafkaError;
 use crate::histogram::Histogram;
 use crate::kafka::Cluster;
 use crate::kafka::admin::{Admin, AdminError};
+use crate::txn::CommitSteps;
 use kafka::OutputReader;
 pub use kafka::ProducerTuning;
 use procs::Proc;
@@ -266,6 +267,8 @@ pub struct CellResult {
     pub startup_s: Option<f64>,
     pub commits: Option<u64>,
     pub commit: Option<Histogram>,
+    /// onceflow's commits step by step (Kafka Streams reports whole commits only).
+    pub commit_steps: Option<CommitSteps>,
     pub e2e: Option<Histogram>,
     /// Peak RSS of the largest process.
     pub peak_rss_mib: Option<f64>,
@@ -297,6 +300,7 @@ impl CellResult {
             startup_s: None,
             commits: None,
             commit: None,
+            commit_steps: None,
             e2e: None,
             peak_rss_mib: None,
             cpu_s: None,
@@ -1000,6 +1004,7 @@ impl CellCtx<'_> {
         let report = reader.finish()?;
         result.commits = stopped.commits;
         result.commit = stopped.commit;
+        result.commit_steps = stopped.commit_steps;
         result.e2e = (report.e2e.count() > 0).then_some(report.e2e);
         result.peak_rss_mib = (stopped.rss_kib > 0).then(|| stopped.rss_kib as f64 / 1024.0);
         result.cpu_s = Some(stopped.cpu_s);
@@ -1194,6 +1199,7 @@ impl CellCtx<'_> {
 struct Stopped {
     commits: Option<u64>,
     commit: Option<Histogram>,
+    commit_steps: Option<CommitSteps>,
     /// Peak RSS of the largest process.
     rss_kib: u64,
     /// CPU time of them all.
@@ -1209,6 +1215,7 @@ fn stop(procs: &mut [Proc], spec: Spec, dir: &Path) -> Result<Stopped, BenchErro
     let mut stopped = Stopped {
         commits: None,
         commit: None,
+        commit_steps: None,
         rss_kib: 0,
         cpu_s: 0.0,
     };
@@ -1240,6 +1247,14 @@ fn stop(procs: &mut [Proc], spec: Spec, dir: &Path) -> Result<Stopped, BenchErro
             .ok_or_else(|| BenchError::Child(format!("unreadable summary: {summary}")))?;
         commits += n;
         commit.merge(&h);
+        if let Some(s) = parse_commit_steps(&summary) {
+            let all = stopped
+                .commit_steps
+                .get_or_insert_with(CommitSteps::default);
+            all.deliveries.merge(&s.deliveries);
+            all.offsets.merge(&s.offsets);
+            all.end.merge(&s.end);
+        }
     }
     if spec.is_pipeline() {
         stopped.commits = Some(commits);
@@ -1353,6 +1368,26 @@ fn parse_commits(text: &str) -> Option<(u64, Histogram)> {
     Some((n, h))
 }
 
+/// Reads onceflow's commits step by step from its `--summary-json` (`commit_steps_us`, each
+/// step as `[[µs, count], ...]`); `None` for a summary without them (Kafka Streams').
+fn parse_commit_steps(text: &str) -> Option<CommitSteps> {
+    let v: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    let steps = v.get("commit_steps_us")?;
+    let step = |name: &str| -> Option<Histogram> {
+        let mut h = Histogram::default();
+        for pair in steps.get(name)?.as_array()? {
+            let pair = pair.as_array()?;
+            h.record_us(pair.first()?.as_u64()?, pair.get(1)?.as_u64()?);
+        }
+        Some(h)
+    };
+    Some(CommitSteps {
+        deliveries: step("deliveries")?,
+        offsets: step("offsets")?,
+        end: step("end")?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1365,6 +1400,16 @@ mod tests {
         let (n, h) = parse_commits(r#"{"commits":2,"commit_us":[5000,7000]}"#).unwrap();
         assert_eq!((n, h.count(), h.max_us()), (2, 2, 7000));
         assert!(parse_commits("not json").is_none());
+    }
+
+    #[test]
+    fn commit_steps_parse_from_onceflow_s_summary_only() {
+        let summary = r#"{"committed": 2, "commit_us": [[9000, 2]], "commit_steps_us": {"deliveries": [[4000, 2]], "offsets": [[3000, 1], [3500, 1]], "end": [[2000, 2]]}}"#;
+        let steps = parse_commit_steps(summary).unwrap();
+        assert_eq!(steps.deliveries.percentile(0.5), Some(4000));
+        assert_eq!((steps.offsets.count(), steps.offsets.max_us()), (2, 3500));
+        assert_eq!(steps.end.count(), 2);
+        assert!(parse_commit_steps(r#"{"commits":2,"commit_us":[5000,7000]}"#).is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use plotters::prelude::*;
 
 use super::stats::{Summary, paired};
 use super::{BenchConfig, BenchError, CellResult, Kind, Spec, machine};
+use crate::histogram::Histogram;
 
 fn opt(v: Option<f64>, decimals: usize) -> String {
     v.map(|v| format!("{v:.decimals$}")).unwrap_or_default()
@@ -24,7 +25,7 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,noisy,short,error";
+pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,noisy,short,error";
 
 /// Writes every cell so far (rewritten after each cell, so an interrupted run keeps its rows).
 pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
@@ -33,10 +34,11 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
     out.push('\n');
     for r in results {
         let commit = r.commit.as_ref();
+        let steps = r.commit_steps.as_ref();
         let e2e = r.e2e.as_ref();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.partitions,
             r.spec.label(),
             r.spec.instances,
@@ -52,6 +54,9 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
             r.commits.map(|c| c.to_string()).unwrap_or_default(),
             opt(ms(commit.and_then(|h| h.percentile(0.5))), 2),
             opt(ms(commit.and_then(|h| h.percentile(0.99))), 2),
+            opt(ms(steps.and_then(|s| s.deliveries.percentile(0.5))), 2),
+            opt(ms(steps.and_then(|s| s.offsets.percentile(0.5))), 2),
+            opt(ms(steps.and_then(|s| s.end.percentile(0.5))), 2),
             opt(ms(e2e.and_then(|h| h.percentile(0.5))), 1),
             opt(ms(e2e.and_then(|h| h.percentile(0.99))), 1),
             opt(r.peak_rss_mib, 1),
@@ -247,6 +252,7 @@ pub fn markdown(cfg: &BenchConfig, results: &[CellResult]) -> String {
     rates_table(&mut md, cfg, results);
     ratios_table(&mut md, results);
     cpu_tables(&mut md, results);
+    commit_steps_table(&mut md, results);
     problems(&mut md, cfg, results);
     cells_table(&mut md, cfg, results);
     md
@@ -437,6 +443,51 @@ fn cpu_tables(md: &mut String, results: &[CellResult]) {
             let _ = write!(md, " {cell} |");
         }
         let _ = writeln!(md);
+    }
+}
+
+/// Where a commit's pause goes: each step's p50 / p99 (medians over the rounds), for every
+/// mode that commits, with the whole commit beside it (Kafka Streams: the whole only).
+fn commit_steps_table(md: &mut String, results: &[CellResult]) {
+    let specs: Vec<Spec> = specs(results)
+        .into_iter()
+        .filter(|s| s.is_pipeline())
+        .collect();
+    if specs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nWhere a commit's time goes, ms, p50 / p99 of each cell (median over the rounds): \
+         the wait for the transaction's last deliveries, sending the offsets \
+         (AddOffsetsToTxn + TxnOffsetCommit; at-least-once: the offset commit), ending the \
+         transaction (EndTxn), and the whole commit:\n"
+    );
+    let _ = writeln!(
+        md,
+        "| partitions | mode | deliveries | offsets | end | whole commit |\n|---:|---|---:|---:|---:|---:|"
+    );
+    let step = |h: Option<&Histogram>, q: f64| h.and_then(|h| h.percentile(q));
+    for p in partition_counts(results) {
+        for s in &specs {
+            let pq = |pick: &dyn Fn(&CellResult) -> Option<&Histogram>| {
+                let at =
+                    |q: f64| median_of(results, p, *s, |r| ms(step(pick(r), q))).map(|m| m.median);
+                match (at(0.5), at(0.99)) {
+                    (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
+                    _ => "–".into(),
+                }
+            };
+            let _ = writeln!(
+                md,
+                "| {p} | {} | {} | {} | {} | {} |",
+                s.label(),
+                pq(&|r| r.commit_steps.as_ref().map(|c| &c.deliveries)),
+                pq(&|r| r.commit_steps.as_ref().map(|c| &c.offsets)),
+                pq(&|r| r.commit_steps.as_ref().map(|c| &c.end)),
+                pq(&|r| r.commit.as_ref()),
+            );
+        }
     }
 }
 

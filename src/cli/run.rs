@@ -48,7 +48,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 5)]
     statistics_secs: u64,
     /// When the job ends, write what it did as JSON to this file: committed counts and
-    /// commit durations (`commit_us`: `[[µs, count], ...]`).
+    /// commit durations (`commit_us`: `[[µs, count], ...]`), and the same step by step
+    /// (`commit_steps_us`: `deliveries`, `offsets`, `end`).
     #[arg(long)]
     summary_json: Option<PathBuf>,
 }
@@ -168,6 +169,11 @@ fn write_summary_json(path: &Path, s: &Summary) -> anyhow::Result<()> {
         "producer_rebuilds": s.txn.producer_rebuilds,
         "elapsed_s": s.elapsed.as_secs_f64(),
         "commit_us": s.txn.commit_durations.buckets(),
+        "commit_steps_us": {
+            "deliveries": s.txn.commit_steps.deliveries.buckets(),
+            "offsets": s.txn.commit_steps.offsets.buckets(),
+            "end": s.txn.commit_steps.end.buckets(),
+        },
     });
     std::fs::write(path, json.to_string())
         .with_context(|| format!("cannot write {}", path.display()))

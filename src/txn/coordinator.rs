@@ -55,6 +55,39 @@ pub struct TxnStats {
     /// How long each committed transaction took to commit: waiting for its deliveries,
     /// sending the offsets and committing (under at-least-once: the offset commit).
     pub commit_durations: Histogram,
+    /// The same commits, step by step.
+    pub commit_steps: CommitSteps,
+}
+
+/// How long each step of the committed transactions' commits took: where a commit's pause
+/// goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitSteps {
+    /// Waiting for the transaction's last deliveries (the outputs outside Kafka committing
+    /// first included).
+    pub deliveries: Histogram,
+    /// `send_offsets_to_transaction`: AddOffsetsToTxn to the transaction coordinator, then
+    /// TxnOffsetCommit to the group coordinator (under at-least-once: the offset commit).
+    pub offsets: Histogram,
+    /// `commit_transaction`: EndTxn (none under at-least-once).
+    pub end: Histogram,
+}
+
+/// When each step of one commit ended.
+#[derive(Debug, Clone, Copy)]
+struct StepTimes {
+    started: Instant,
+    delivered: Instant,
+    offsets_sent: Instant,
+    ended: Instant,
+}
+
+impl CommitSteps {
+    fn record(&mut self, t: StepTimes) {
+        self.deliveries.record(t.delivered - t.started);
+        self.offsets.record(t.offsets_sent - t.delivered);
+        self.end.record(t.ended - t.offsets_sent);
+    }
 }
 
 /// What became of a commit request.
@@ -311,8 +344,9 @@ impl Txn {
         if let Err(e) = self.commit_participants() {
             return self.participants_failed(consumer, e);
         }
-        match self.try_commit(consumer) {
-            Ok(()) => {
+        match self.try_commit(consumer, started) {
+            Ok(steps) => {
+                self.stats.commit_steps.record(steps);
                 self.committed(started.elapsed());
                 Ok(Committed::Done)
             }
@@ -409,26 +443,45 @@ impl Txn {
         }
     }
 
-    fn try_commit<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) -> KafkaResult<()> {
+    fn try_commit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        started: Instant,
+    ) -> KafkaResult<StepTimes> {
         // Wait for every delivery first: a failed record must fail the transaction, and
         // commit_transaction's own flush sleeps 100 ms whenever anything is in flight.
         collector::drain(self.producer.client(), self.settings.operation_timeout)?;
         if let Some(err) = self.producer.client().context().take_error() {
             return Err(err);
         }
+        let delivered = Instant::now();
         let mut tpl = TopicPartitionList::new();
         for (topic, partition, next) in self.offsets.to_commit() {
             tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
         }
         if !self.producer.transactional() {
             // At-least-once: every output is acknowledged; now the offsets may move.
-            return consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync);
+            consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
+            let now = Instant::now();
+            return Ok(StepTimes {
+                started,
+                delivered,
+                offsets_sent: now,
+                ended: now,
+            });
         }
         let metadata = consumer
             .group_metadata()
             .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
         self.producer.send_offsets(&tpl, &metadata)?;
-        self.producer.commit()
+        let offsets_sent = Instant::now();
+        self.producer.commit()?;
+        Ok(StepTimes {
+            started,
+            delivered,
+            offsets_sent,
+            ended: Instant::now(),
+        })
     }
 
     /// Applies the classifier's decision to an error of the open transaction.
@@ -797,6 +850,9 @@ mod tests {
         assert_eq!((stats.committed, stats.aborted), (1, 0));
         assert_eq!(stats.records_committed, 2);
         assert_eq!(stats.commit_durations.count(), 1);
+        assert_eq!(stats.commit_steps.deliveries.count(), 1);
+        assert_eq!(stats.commit_steps.offsets.count(), 1);
+        assert_eq!(stats.commit_steps.end.count(), 1);
         assert!(!f.txn.is_open());
     }
 

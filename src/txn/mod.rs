@@ -23,7 +23,7 @@ pub mod publish;
 use rdkafka::error::KafkaError;
 
 pub use collector::payload_len;
-pub use coordinator::{Added, Committed, Txn, TxnSettings, TxnStats};
+pub use coordinator::{Added, CommitSteps, Committed, Txn, TxnSettings, TxnStats};
 pub use participant::{Failure, Participant, ParticipantError, Refusal, Severity};
 pub use publish::Publisher;
 
