@@ -42,6 +42,10 @@ pub fn reader(cluster: &Cluster, group: &str) -> Result<BaseConsumer, KafkaError
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
+        .set(
+            "fetch.queue.backoff.ms",
+            crate::kafka::clients::FETCH_QUEUE_BACKOFF_MS,
+        )
         .create()
 }
 
