@@ -139,6 +139,8 @@ pub struct BenchConfig {
     pub alos_commit_ms: u64,
     /// Commit intervals of the exactly-once runs.
     pub eos_commit_ms: Vec<u64>,
+    /// Commit intervals of exactly-once runs without overlapped commits.
+    pub eos_sync_commit_ms: Vec<u64>,
     /// Commit intervals of the Kafka Streams runs; empty: no Kafka Streams.
     pub kstreams_commit_ms: Vec<u64>,
     /// JVM options of the Kafka Streams peer.
@@ -185,6 +187,9 @@ pub enum Kind {
     Alos,
     /// onceflow, `guarantee: exactly_once`.
     Eos,
+    /// onceflow, `guarantee: exactly_once`, `overlap_commits: false`: the loop paused for
+    /// every commit (the engine before commits overlapped processing).
+    EosSync,
     /// Kafka Streams, `processing.guarantee: exactly_once_v2`.
     KStreams,
     /// Kafka's `ProducerPerformance` (the cross-check of produce-only).
@@ -220,7 +225,10 @@ impl Spec {
 
     /// Whether this cell runs a pipeline (the others measure the broker's ceilings).
     pub fn is_pipeline(&self) -> bool {
-        matches!(self.kind, Kind::Alos | Kind::Eos | Kind::KStreams)
+        matches!(
+            self.kind,
+            Kind::Alos | Kind::Eos | Kind::EosSync | Kind::KStreams
+        )
     }
 
     /// Whether this cell is one of Kafka's perf tools (run once, not in the rounds).
@@ -235,6 +243,7 @@ impl Spec {
             Kind::Rpw => "rpw-ceiling".to_string(),
             Kind::Alos => format!("alos-{ms}"),
             Kind::Eos => format!("eos-{ms}"),
+            Kind::EosSync => format!("eos-sync-{ms}"),
             Kind::KStreams => format!("kstreams-eos-{ms}"),
             Kind::ProducerPerf => "kafka-producer-perf".to_string(),
             Kind::ConsumerPerf => "kafka-consumer-perf".to_string(),
@@ -369,6 +378,13 @@ pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
     for &ms in &cfg.eos_commit_ms {
         specs.push(Spec {
             kind: Kind::Eos,
+            commit_ms: Some(ms),
+            instances: 1,
+        });
+    }
+    for &ms in &cfg.eos_sync_commit_ms {
+        specs.push(Spec {
+            kind: Kind::EosSync,
             commit_ms: Some(ms),
             instances: 1,
         });
@@ -918,17 +934,19 @@ impl CellCtx<'_> {
                     "onceflow-bench: running",
                 )?]);
             }
-            Kind::Alos | Kind::Eos => {}
+            Kind::Alos | Kind::Eos | Kind::EosSync => {}
         }
         let guarantee = if spec.kind == Kind::Alos {
             "at_least_once"
         } else {
             "exactly_once"
         };
+        let overlap = spec.kind != Kind::EosSync;
         // The commit interval alone decides when a transaction commits, as in Kafka Streams.
         let yaml = format!(
             "name: {name}\ninputs: [{{topic: {input}}}, {{topic: {probe}}}]\noutputs: [{{topic: {output}}}]\n\
              runtime:\n  guarantee: {guarantee}\n  commit_interval_ms: {commit_ms}\n  \
+             overlap_commits: {overlap}\n  \
              max_records_per_txn: 100000000\n  max_bytes_per_txn: 100000000000\n  \
              transaction_timeout_ms: {timeout}\n  session_timeout_ms: 10000\n\
              kafka:\n  producer:\n    linger.ms: '{linger}'\n    batch.size: '{batch}'\n",

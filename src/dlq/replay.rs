@@ -52,6 +52,7 @@ pub fn replay(
         abort_every: None,
         exit_after_participant_commit: None,
         guarantee: Guarantee::ExactlyOnce,
+        overlap_commits: false,
     };
     let mut txn = Txn::new(config, settings, Arc::new(Health::default()))?;
     let total: u64 = watermarks(&consumer, topic)?

@@ -274,6 +274,7 @@ fn connect(
         abort_every: options.abort_every,
         exit_after_participant_commit: options.exit_after_db_commit,
         guarantee: runtime.guarantee,
+        overlap_commits: runtime.overlap_commits,
     };
     let health = Arc::clone(&options.health);
     health.set_bound(Duration::from_millis(
@@ -681,21 +682,26 @@ impl<'t> Job<'t> {
         if idle {
             txn.idle();
         }
+        // A commit running in the background that has ended is settled (what was processed
+        // meanwhile goes into the next transaction); a due one starts.
+        let settled = txn.progress(consumer)?;
         let now = Instant::now();
         self.paused.resume_due(consumer, now);
         if now >= self.next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
             self.next_tick = now + Duration::from_secs(1);
         }
-        if txn.is_due(now) {
-            txn.commit(consumer)?;
-            if self
+        let due = txn.is_due(now);
+        if due {
+            txn.commit_in_background(consumer)?;
+        }
+        if (due || settled != Committed::Nothing)
+            && self
                 .options
                 .stop_after_records
                 .is_some_and(|n| txn.stats().records_committed >= n)
-            {
-                return Ok(Flow::Stop);
-            }
+        {
+            return Ok(Flow::Stop);
         }
         if let Some(every) = self.options.progress_every
             && self.last_progress.elapsed() >= every

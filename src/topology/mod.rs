@@ -381,6 +381,12 @@ pub struct Runtime {
     /// instead of fencing the first).
     #[serde(default)]
     pub group_protocol: GroupProtocol,
+    /// Go on consuming and processing while a transaction commits (exactly-once jobs whose
+    /// outputs are all Kafka topics; the others commit between records anyway). What is
+    /// processed meanwhile goes into the next transaction. `false` pauses the loop for each
+    /// commit.
+    #[serde(default = "default_overlap_commits")]
+    pub overlap_commits: bool,
 }
 
 /// The consumer group protocol of a job.
@@ -428,6 +434,9 @@ fn default_static_membership() -> bool {
 fn default_session_timeout_ms() -> u64 {
     45_000
 }
+fn default_overlap_commits() -> bool {
+    true
+}
 
 impl Default for Runtime {
     fn default() -> Self {
@@ -440,6 +449,7 @@ impl Default for Runtime {
             session_timeout_ms: default_session_timeout_ms(),
             guarantee: Guarantee::default(),
             group_protocol: GroupProtocol::default(),
+            overlap_commits: default_overlap_commits(),
             on_error: OnError::default(),
             max_attempts: default_max_attempts(),
             on_exhausted: OnExhausted::default(),

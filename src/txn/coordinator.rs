@@ -8,9 +8,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata,
+};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -19,7 +22,7 @@ use super::classify::{TxnAction, classify, retries_call, traits_of};
 use super::collector::{self, Collector};
 use super::offsets::TxnOffsets;
 use super::participant::{Participant, ParticipantError, Severity};
-use super::producer::Producer;
+use super::producer::{Calls, Producer};
 use super::{AbortReason, TxnError};
 use crate::histogram::Histogram;
 use crate::record::{Origin, Record, RecordError};
@@ -42,6 +45,9 @@ pub struct TxnSettings {
     pub exit_after_participant_commit: Option<u64>,
     /// Without transactions, a "transaction" is the batch between two offset commits.
     pub guarantee: Guarantee,
+    /// Whether the loop goes on consuming and processing while a transaction commits (see
+    /// [`Txn::commit_in_background`]).
+    pub overlap_commits: bool,
 }
 
 /// Totals since the job started, counting committed work only.
@@ -114,6 +120,28 @@ pub enum Added {
 /// is refused again and found again, at the cost of one more aborted transaction).
 const MAX_REFUSED: usize = 10_000;
 
+/// The most records, and output bytes, held while a commit runs in the background; past
+/// either, the loop waits for the commit (memory stays bounded whatever the commit takes).
+const MAX_HELD_RECORDS: usize = 20_000;
+const MAX_HELD_BYTES: usize = 32 << 20;
+/// How often the loop looks whether a background commit has ended.
+const IN_FLIGHT_POLL: Duration = Duration::from_millis(1);
+
+/// A commit running on a thread of its own: the deliveries awaited, the offsets sent and the
+/// transaction ended, through a clone of the producer's calls.
+struct InFlight {
+    handle: JoinHandle<KafkaResult<StepTimes>>,
+    started: Instant,
+}
+
+/// A record consumed and processed while the transaction before it was committing: it goes
+/// into the next one, once that commit is settled, or is consumed again after a rewind.
+struct Held {
+    origin: Origin,
+    consumed_bytes: usize,
+    /// Its outputs, each with its topic's index in [`Txn::held_topics`].
+    outputs: Vec<(usize, Record)>,
+}
 /// The transaction owner.
 pub struct Txn {
     producer: Producer,
@@ -138,6 +166,12 @@ pub struct Txn {
     /// transaction: when they come again after the rewind, they are handled as failed
     /// records instead of being processed again.
     refused: HashMap<Origin, RecordError>,
+    /// The commit running in the background, if one is.
+    in_flight: Option<InFlight>,
+    /// What the loop processed meanwhile, in order.
+    held: Vec<Held>,
+    held_topics: Vec<String>,
+    held_bytes: usize,
 }
 
 impl Txn {
@@ -173,6 +207,10 @@ impl Txn {
             participant_commits: 0,
             staged: false,
             refused: HashMap::new(),
+            in_flight: None,
+            held: Vec::new(),
+            held_topics: Vec::new(),
+            held_bytes: 0,
         })
     }
 
@@ -248,16 +286,21 @@ impl Txn {
             .then(|| now.saturating_duration_since(self.opened_at))
     }
 
-    /// Time until the open transaction is due, or `None` when nothing is open.
+    /// Time until the open transaction is due, or `None` when nothing is open; while a
+    /// commit runs in the background, a millisecond: the loop looks for its end that often.
     pub fn due_in(&self, now: Instant) -> Option<Duration> {
+        if self.in_flight.is_some() {
+            return Some(IN_FLIGHT_POLL);
+        }
         self.open.then(|| {
             (self.opened_at + self.settings.commit_interval).saturating_duration_since(now)
         })
     }
 
-    /// Whether the open transaction should commit now.
+    /// Whether the open transaction should commit now (never while it commits).
     pub fn is_due(&self, now: Instant) -> bool {
         self.open
+            && self.in_flight.is_none()
             && (self.records >= self.settings.max_records
                 || self.collector.bytes >= self.settings.max_bytes
                 || now >= self.opened_at + self.settings.commit_interval
@@ -278,7 +321,7 @@ impl Txn {
     }
 
     /// Adds what the pipeline made of one consumed record (read at `origin`) to the open
-    /// transaction.
+    /// transaction; while that commits in the background, holds it for the next one.
     pub fn add<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
@@ -286,6 +329,31 @@ impl Txn {
         consumed_bytes: usize,
         outputs: &[(&str, Record)],
     ) -> Result<Added, TxnError> {
+        if self.in_flight.is_some() {
+            if self.held.len() < MAX_HELD_RECORDS && self.held_bytes < MAX_HELD_BYTES {
+                self.hold(origin, consumed_bytes, outputs);
+                return Ok(Added::Yes);
+            }
+            if self.settle(consumer)? == Committed::Aborted {
+                // This record's partition was rewound with the others: it comes again.
+                return Ok(Added::Aborted);
+            }
+        }
+        self.add_now(consumer, origin, consumed_bytes, outputs)
+    }
+
+    fn add_now<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        origin: &Origin,
+        consumed_bytes: usize,
+        outputs: &[(&str, Record)],
+    ) -> Result<Added, TxnError> {
+        // Noted before anything is sent: if the transaction fails on the way, the rewind
+        // must take this record's partition back too, even when it is the first record of
+        // that partition in the transaction (else the record would be skipped, lost).
+        self.offsets
+            .record(&origin.topic, origin.partition, origin.offset);
         if !self.open {
             if let Err(err) = self.producer.begin() {
                 self.fail(consumer, err, AbortReason::BeginFailed)?;
@@ -307,8 +375,6 @@ impl Txn {
                 return Ok(Added::Aborted);
             }
         }
-        self.offsets
-            .record(&origin.topic, origin.partition, origin.offset);
         self.consumed.add(&origin.topic, consumed_bytes);
         if outputs.is_empty() && !std::mem::take(&mut self.staged) {
             self.filtered += 1;
@@ -318,8 +384,19 @@ impl Txn {
     }
 
     /// Commits the open transaction with the consumed offsets, or aborts and rewinds it when
-    /// it cannot commit.
+    /// it cannot commit. A commit running in the background is settled first, and what was
+    /// held meanwhile is committed too.
     pub fn commit<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Committed, TxnError> {
+        if self.settle(consumer)? == Committed::Aborted {
+            return Ok(Committed::Aborted);
+        }
+        self.commit_now(consumer)
+    }
+
+    fn commit_now<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
     ) -> Result<Committed, TxnError> {
@@ -355,6 +432,166 @@ impl Txn {
                 Ok(Committed::Aborted)
             }
         }
+    }
+
+    /// Starts committing the open transaction on a thread of its own and returns at once: the
+    /// loop goes on consuming and processing, and what it adds meanwhile is held for the next
+    /// transaction ([`Txn::add`]), which begins once this commit is settled. [`Txn::progress`]
+    /// settles the commit when it has ended; every other call that needs it settled
+    /// ([`Txn::commit`], [`Txn::abort_and_rewind`], a full hold) waits for it. If it fails,
+    /// the held records go back with its own: every partition either touched is rewound.
+    ///
+    /// Only a transactional job whose outputs are all Kafka topics commits this way (an
+    /// output outside Kafka must commit a batch before it stages the next; an at-least-once
+    /// offset commit is the consumer's own call); any other commits here and now.
+    pub fn commit_in_background<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<(), TxnError> {
+        if !self.overlaps() {
+            return self.commit(consumer).map(|_| ());
+        }
+        if self.settle(consumer)? == Committed::Aborted || !self.open {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let (offsets, metadata) = match self.commit_request(consumer) {
+            Ok(request) => request,
+            Err(err) => {
+                self.attempts += 1;
+                return self.fail(consumer, err, AbortReason::CommitFailed);
+            }
+        };
+        let calls = self.producer.calls();
+        let timeout = self.settings.operation_timeout;
+        let span = self.span.clone();
+        let spawned = std::thread::Builder::new()
+            .name("onceflow-commit".into())
+            .spawn(move || {
+                let _entered = span.enter();
+                end_transaction(&calls, &offsets, &metadata, timeout, started)
+            });
+        match spawned {
+            Ok(handle) => {
+                self.attempts += 1;
+                self.in_flight = Some(InFlight { handle, started });
+                Ok(())
+            }
+            // No thread to be had: commit here.
+            Err(_) => self.commit_now(consumer).map(|_| ()),
+        }
+    }
+
+    /// Settles a background commit that has ended, if one has; one still running runs on.
+    pub fn progress<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Committed, TxnError> {
+        match &self.in_flight {
+            Some(f) if f.handle.is_finished() => self.settle(consumer),
+            _ => Ok(Committed::Nothing),
+        }
+    }
+
+    /// Whether this transaction commits in the background.
+    fn overlaps(&self) -> bool {
+        self.settings.overlap_commits
+            && self.producer.transactional()
+            && self.participants.is_empty()
+            && self.settings.abort_every.is_none()
+    }
+
+    /// Waits for the background commit, if one runs, and concludes it: committed, what was
+    /// held goes into the next transaction (`Done`, or `Aborted` when that one failed at
+    /// once); failed, the transaction is aborted and rewound with what was held (`Aborted`).
+    fn settle<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Committed, TxnError> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(Committed::Nothing);
+        };
+        let result = match flight.handle.join() {
+            Ok(result) => result,
+            // A panic on the commit thread is a defect: end the process as the loop would.
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        let span = self.span.clone();
+        let _entered = span.enter();
+        match result {
+            Ok(steps) => {
+                self.producer.committed();
+                self.stats.commit_steps.record(steps);
+                self.committed(steps.ended - flight.started);
+                match self.release_held(consumer)? {
+                    Added::Yes => Ok(Committed::Done),
+                    Added::Aborted => Ok(Committed::Aborted),
+                }
+            }
+            Err(err) => {
+                // The held records' partitions are rewound with the transaction's.
+                for h in std::mem::take(&mut self.held) {
+                    self.offsets
+                        .record(&h.origin.topic, h.origin.partition, h.origin.offset);
+                }
+                self.held_topics.clear();
+                self.held_bytes = 0;
+                self.fail(consumer, err, AbortReason::CommitFailed)?;
+                Ok(Committed::Aborted)
+            }
+        }
+    }
+
+    /// Keeps a record added while the transaction commits, with copies of its outputs.
+    fn hold(&mut self, origin: &Origin, consumed_bytes: usize, outputs: &[(&str, Record)]) {
+        let mut held = Vec::with_capacity(outputs.len());
+        for (topic, rec) in outputs {
+            let index = match self.held_topics.iter().position(|t| t == topic) {
+                Some(i) => i,
+                None => {
+                    self.held_topics.push((*topic).to_string());
+                    self.held_topics.len() - 1
+                }
+            };
+            self.held_bytes += collector::payload_len(rec);
+            held.push((index, rec.clone()));
+        }
+        self.held.push(Held {
+            origin: origin.clone(),
+            consumed_bytes,
+            outputs: held,
+        });
+    }
+
+    /// Adds what was held, in order, to a new transaction. Every held record's offset is
+    /// noted first, so that a failure part way rewinds each partition they came from.
+    fn release_held<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Added, TxnError> {
+        if self.held.is_empty() {
+            return Ok(Added::Yes);
+        }
+        let held = std::mem::take(&mut self.held);
+        let topics = std::mem::take(&mut self.held_topics);
+        self.held_bytes = 0;
+        for h in &held {
+            self.offsets
+                .record(&h.origin.topic, h.origin.partition, h.origin.offset);
+        }
+        let mut outputs: Vec<(&str, Record)> = Vec::new();
+        for h in held {
+            outputs.clear();
+            outputs.extend(
+                h.outputs
+                    .into_iter()
+                    .map(|(t, rec)| (topics.get(t).map_or("", String::as_str), rec)),
+            );
+            if self.add_now(consumer, &h.origin, h.consumed_bytes, &outputs)? == Added::Aborted {
+                return Ok(Added::Aborted);
+            }
+        }
+        Ok(Added::Yes)
     }
 
     /// Counts what the transaction committed and starts afresh.
@@ -448,20 +685,11 @@ impl Txn {
         consumer: &BaseConsumer<C>,
         started: Instant,
     ) -> KafkaResult<StepTimes> {
-        // Wait for every delivery first: a failed record must fail the transaction, and
-        // commit_transaction's own flush sleeps 100 ms whenever anything is in flight.
-        collector::drain(self.producer.client(), self.settings.operation_timeout)?;
-        if let Some(err) = self.producer.client().context().take_error() {
-            return Err(err);
-        }
-        let delivered = Instant::now();
-        let mut tpl = TopicPartitionList::new();
-        for (topic, partition, next) in self.offsets.to_commit() {
-            tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
-        }
         if !self.producer.transactional() {
-            // At-least-once: every output is acknowledged; now the offsets may move.
-            consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync)?;
+            // At-least-once: every output acknowledged first; then the offsets may move.
+            await_deliveries(self.producer.client(), self.settings.operation_timeout)?;
+            let delivered = Instant::now();
+            consumer.commit(&self.offsets_to_commit()?, CommitMode::Sync)?;
             let now = Instant::now();
             return Ok(StepTimes {
                 started,
@@ -470,18 +698,37 @@ impl Txn {
                 ended: now,
             });
         }
+        let (offsets, metadata) = self.commit_request(consumer)?;
+        let calls = self.producer.calls();
+        let steps = end_transaction(
+            &calls,
+            &offsets,
+            &metadata,
+            self.settings.operation_timeout,
+            started,
+        )?;
+        self.producer.committed();
+        Ok(steps)
+    }
+
+    fn offsets_to_commit(&self) -> KafkaResult<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition, next) in self.offsets.to_commit() {
+            tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
+        }
+        Ok(tpl)
+    }
+
+    /// What the Kafka commit of the open transaction sends: its offsets, and the group
+    /// metadata that fences a zombie of this consumer.
+    fn commit_request<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+    ) -> KafkaResult<(TopicPartitionList, ConsumerGroupMetadata)> {
         let metadata = consumer
             .group_metadata()
             .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
-        self.producer.send_offsets(&tpl, &metadata)?;
-        let offsets_sent = Instant::now();
-        self.producer.commit()?;
-        Ok(StepTimes {
-            started,
-            delivered,
-            offsets_sent,
-            ended: Instant::now(),
-        })
+        Ok((self.offsets_to_commit()?, metadata))
     }
 
     /// Applies the classifier's decision to an error of the open transaction.
@@ -500,12 +747,17 @@ impl Txn {
     }
 
     /// Aborts the open transaction (nothing of it becomes visible) and rewinds the consumer.
+    /// A commit running in the background is settled first: what it committed stays, what
+    /// was held meanwhile is aborted with the rest.
     pub fn abort_and_rewind<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         reason: AbortReason,
         detail: &str,
     ) -> Result<(), TxnError> {
+        if self.settle(consumer)? == Committed::Aborted {
+            return Ok(());
+        }
         if self.open {
             let client = self.producer.client();
             let timeout = self.settings.operation_timeout;
@@ -615,6 +867,38 @@ impl Txn {
         self.offsets.clear();
         self.records = 0;
     }
+}
+
+/// Waits for every delivery of the producer: a record that failed fails the transaction (and
+/// commit_transaction's own flush sleeps 100 ms whenever anything is in flight).
+fn await_deliveries(client: &super::producer::Client, timeout: Duration) -> KafkaResult<()> {
+    collector::drain(client, timeout)?;
+    match client.context().take_error() {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}
+
+/// The Kafka side of a transaction's commit, on whichever thread runs it: every delivery
+/// awaited, the consumed offsets sent, the transaction ended.
+fn end_transaction(
+    calls: &Calls,
+    offsets: &TopicPartitionList,
+    metadata: &ConsumerGroupMetadata,
+    timeout: Duration,
+    started: Instant,
+) -> KafkaResult<StepTimes> {
+    await_deliveries(calls.client(), timeout)?;
+    let delivered = Instant::now();
+    calls.send_offsets(offsets, metadata)?;
+    let offsets_sent = Instant::now();
+    calls.end()?;
+    Ok(StepTimes {
+        started,
+        delivered,
+        offsets_sent,
+        ended: Instant::now(),
+    })
 }
 
 /// Calls a consumer's request again while its error is retriable (the group coordinator
@@ -772,6 +1056,7 @@ mod tests {
             abort_every,
             exit_after_participant_commit: None,
             guarantee: Guarantee::ExactlyOnce,
+            overlap_commits: false,
         };
         let log = Log::default();
         let fail_second = Arc::new(Mutex::new(None));
@@ -1004,6 +1289,209 @@ mod tests {
             .unwrap();
         let err = f.txn.commit(&f.consumer).expect_err("fenced again at once");
         assert!(matches!(err, TxnError::FencedAgain { .. }), "{err}");
+    }
+
+    const OUT: &str = "out";
+
+    /// A fixture whose transaction has Kafka outputs only and commits in the background.
+    fn overlapping() -> Fixture {
+        let mut f = fixture(None);
+        f.cluster.create_topic(OUT, 1).expect("output topic");
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", f.cluster.bootstrap_servers())
+            .set("transactional.id", "coordinator-overlap-test");
+        let settings = TxnSettings {
+            commit_interval: Duration::from_secs(3600),
+            max_records: 1_000,
+            max_bytes: 1 << 30,
+            operation_timeout: Duration::from_secs(10),
+            abort_every: None,
+            exit_after_participant_commit: None,
+            guarantee: Guarantee::ExactlyOnce,
+            overlap_commits: true,
+        };
+        f.txn = Txn::new(config, settings, Arc::new(Health::default()))
+            .expect("init_transactions on the mock cluster");
+        f
+    }
+
+    /// Adds the record at `o` with one output to [`OUT`].
+    fn try_add_out(f: &mut Fixture, o: &Origin) -> Added {
+        f.txn
+            .add(&f.consumer, o, 1, &[(OUT, record(o))])
+            .expect("added")
+    }
+
+    fn add_out(f: &mut Fixture, o: &Origin) {
+        assert_eq!(try_add_out(f, o), Added::Yes, "{o:?}");
+    }
+
+    /// Waits for the background commit to end, and settles it.
+    fn settled(f: &mut Fixture) -> Committed {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let c = f.txn.progress(&f.consumer).expect("settled");
+            if c != Committed::Nothing {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "the commit never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn what_is_added_while_a_transaction_commits_goes_into_the_next_one() {
+        let mut f = overlapping();
+        add_out(&mut f, &origin(0, 0));
+        add_out(&mut f, &origin(0, 1));
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        let now = Instant::now();
+        assert!(!f.txn.is_due(now), "never due while it commits");
+        assert_eq!(f.txn.due_in(now), Some(IN_FLIGHT_POLL));
+        assert!(f.txn.is_open());
+        add_out(&mut f, &origin(1, 0));
+        assert_eq!(f.txn.held.len(), 1, "held while the commit runs");
+
+        assert_eq!(settled(&mut f), Committed::Done);
+        let stats = f.txn.stats();
+        assert_eq!((stats.committed, stats.records_committed), (1, 2));
+        assert_eq!(stats.commit_steps.end.count(), 1);
+        assert!(f.txn.held.is_empty());
+        assert!(
+            f.txn.is_open(),
+            "the held record opened the next transaction"
+        );
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        let stats = f.txn.stats();
+        assert_eq!(
+            (
+                stats.committed,
+                stats.records_committed,
+                stats.outputs_committed
+            ),
+            (2, 3, 3)
+        );
+    }
+
+    #[test]
+    fn a_commit_or_an_abort_asked_meanwhile_waits_for_the_background_commit() {
+        let mut f = overlapping();
+        add_out(&mut f, &origin(0, 0));
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        add_out(&mut f, &origin(0, 1));
+        // A rebalance's commit: the background one settles, then the held record commits.
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        assert_eq!(f.txn.stats().committed, 2);
+        assert!(!f.txn.is_open());
+
+        add_out(&mut f, &origin(0, 2));
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        add_out(&mut f, &origin(0, 3));
+        // Partitions lost: what committed stays committed, what was held is aborted.
+        f.txn
+            .abort_and_rewind(&f.consumer, AbortReason::PartitionsLost, "")
+            .unwrap();
+        let stats = f.txn.stats();
+        assert_eq!((stats.committed, stats.aborted), (3, 1));
+        assert_eq!(stats.records_committed, 3);
+        assert!(!f.txn.is_open() && f.txn.held.is_empty());
+    }
+
+    #[test]
+    fn a_failed_background_commit_rewinds_the_partitions_of_what_was_held_too() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = overlapping();
+        f.cluster.feed(TOPIC, 40).expect("fed");
+        let (p0, p1): (Vec<Origin>, Vec<Origin>) =
+            read(&f, 40).into_iter().partition(|o| o.partition == 0);
+        assert!(!p0.is_empty() && !p1.is_empty(), "both partitions fed");
+        // The transaction holds partition 0 only; partition 1 is read while it commits.
+        for o in &p0 {
+            add_out(&mut f, o);
+        }
+        f.cluster
+            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
+            .unwrap();
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        for o in &p1 {
+            add_out(&mut f, o);
+        }
+        assert_eq!(settled(&mut f), Committed::Aborted);
+        assert_eq!(f.txn.stats().producer_rebuilds, 1);
+        assert!(!f.txn.is_open() && f.txn.held.is_empty());
+        // Both partitions come again from where this transaction and the held records began.
+        let first = read_again(&f);
+        assert_eq!(
+            first.get(&0),
+            Some(&p0[0].offset),
+            "the transaction's partition"
+        );
+        assert_eq!(
+            first.get(&1),
+            Some(&p1[0].offset),
+            "the held records' partition"
+        );
+    }
+
+    /// Reads what the consumer has to give, up to `n` records.
+    fn read(f: &Fixture, n: usize) -> Vec<Origin> {
+        use rdkafka::message::Message;
+        let mut read = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while read.len() < n && Instant::now() < deadline {
+            if let Some(Ok(m)) = f.consumer.poll(Duration::from_millis(100)) {
+                read.push(origin(m.partition(), m.offset()));
+            }
+        }
+        read
+    }
+
+    /// The first offset read again from each partition.
+    fn read_again(f: &Fixture) -> HashMap<i32, i64> {
+        let mut first = HashMap::new();
+        for o in read(f, 40) {
+            first.entry(o.partition).or_insert(o.offset);
+            if first.len() == 2 {
+                break;
+            }
+        }
+        first
+    }
+
+    #[test]
+    fn a_record_whose_output_cannot_be_sent_comes_again_though_its_partition_is_new_to_the_transaction()
+     {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = overlapping();
+        f.cluster.feed(TOPIC, 40).expect("fed");
+        let (p0, p1): (Vec<Origin>, Vec<Origin>) =
+            read(&f, 40).into_iter().partition(|o| o.partition == 0);
+        assert!(!p0.is_empty() && !p1.is_empty(), "both partitions fed");
+        add_out(&mut f, &p0[0]);
+        // The producer fails for good: the first record of partition 1 cannot be sent.
+        let reason = std::ffi::CString::new("injected").unwrap();
+        // SAFETY: the producer's handle lives as long as the transaction owner.
+        unsafe {
+            rdkafka_sys::rd_kafka_test_fatal_error(
+                f.txn.producer.client().client().native_ptr(),
+                RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            );
+        }
+        assert_eq!(try_add_out(&mut f, &p1[0]), Added::Aborted);
+        assert_eq!(f.txn.stats().producer_rebuilds, 1);
+        let first = read_again(&f);
+        assert_eq!(
+            first.get(&0),
+            Some(&p0[0].offset),
+            "the transaction's partition"
+        );
+        assert_eq!(
+            first.get(&1),
+            Some(&p1[0].offset),
+            "the partition of the record that could not be sent"
+        );
     }
 
     #[test]

@@ -74,13 +74,21 @@ impl Rebuilds {
 
 /// A producer with a stable transactional.id, rebuilt as [`Rebuilds`] allows.
 pub(super) struct Producer {
-    client: Client,
+    calls: Calls,
     config: ClientConfig,
+    transactional: bool,
+    rebuilds: Rebuilds,
+}
+
+/// The transactional calls of one client, each retried as the classifier says until the
+/// operation timeout and watched; a clone is what a commit running on a thread of its own
+/// takes along ([`Producer::calls`]).
+#[derive(Clone)]
+pub(super) struct Calls {
+    client: Arc<Client>,
     /// Upper bound of one transactional call, retries included.
     timeout: Duration,
-    transactional: bool,
     health: Arc<Health>,
-    rebuilds: Rebuilds,
 }
 
 impl Producer {
@@ -95,17 +103,25 @@ impl Producer {
     ) -> Result<Producer, TxnError> {
         let client = create_client(&config, timeout, transactional)?;
         Ok(Producer {
-            client,
+            calls: Calls {
+                client: Arc::new(client),
+                timeout,
+                health,
+            },
             config,
-            timeout,
             transactional,
-            health,
             rebuilds: Rebuilds::default(),
         })
     }
 
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.calls.client
+    }
+
+    /// The calls of the current client, for a commit on another thread. A rebuild replaces
+    /// the client: take them again after one.
+    pub fn calls(&self) -> Calls {
+        self.calls.clone()
     }
 
     pub fn transactional(&self) -> bool {
@@ -114,14 +130,73 @@ impl Producer {
 
     /// Whether the producer itself reports a fatal error, which can stand behind any other.
     pub fn is_fatal(&self) -> bool {
-        self.client.client().fatal_error().is_some()
+        self.calls.is_fatal()
     }
 
     pub fn begin(&self) -> KafkaResult<()> {
         if !self.transactional {
             return Ok(());
         }
-        self.client.begin_transaction()
+        self.calls.client.begin_transaction()
+    }
+
+    /// `commit_transaction`, retried and watched (the offsets, if any, sent before).
+    pub fn commit(&mut self) -> KafkaResult<()> {
+        self.calls.end()?;
+        self.committed();
+        Ok(())
+    }
+
+    /// A transaction committed (here or through [`Producer::calls`]): the producer works.
+    pub fn committed(&mut self) {
+        self.rebuilds.committed();
+    }
+
+    /// Aborts the open transaction; without transactions there is nothing to abort: what was
+    /// sent is out, and comes again after the rewind.
+    pub fn abort(&self) -> KafkaResult<()> {
+        if !self.transactional {
+            return Ok(());
+        }
+        let timeout = self.calls.timeout;
+        self.calls
+            .retrying("abort_transaction", |p| p.abort_transaction(timeout))
+    }
+
+    /// Replaces a producer that failed fatally, as [`Rebuilds`] allows: the new producer's
+    /// init_transactions completes or aborts whatever the old one left open.
+    pub fn rebuild(&mut self, err: KafkaError) -> Result<(), TxnError> {
+        // The error in hand may be a consequence (a purged or failed delivery) of the fence
+        // the client itself reports as its fatal error.
+        let fenced = traits_of(&err, false).fenced
+            || self
+                .calls
+                .client
+                .client()
+                .fatal_error()
+                .is_some_and(|(code, _)| is_fencing_code(code));
+        match self.rebuilds.allow(fenced, Instant::now()) {
+            Ok(()) => {}
+            Err(Refused::Unproven) => return Err(TxnError::FatalAgain { error: err }),
+            Err(Refused::FencedAgain) => return Err(TxnError::FencedAgain { error: err }),
+        }
+        telemetry::producer_rebuilt(&err, fenced);
+        self.calls
+            .client
+            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        let client = create_client(&self.config, self.calls.timeout, self.transactional)?;
+        self.calls.client = Arc::new(client);
+        Ok(())
+    }
+}
+
+impl Calls {
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn is_fatal(&self) -> bool {
+        self.client.client().fatal_error().is_some()
     }
 
     pub fn send_offsets(
@@ -135,44 +210,10 @@ impl Producer {
         })
     }
 
-    pub fn commit(&mut self) -> KafkaResult<()> {
+    /// `commit_transaction`, retried and watched.
+    pub fn end(&self) -> KafkaResult<()> {
         let timeout = self.timeout;
-        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))?;
-        self.rebuilds.committed();
-        Ok(())
-    }
-
-    /// Aborts the open transaction; without transactions there is nothing to abort: what was
-    /// sent is out, and comes again after the rewind.
-    pub fn abort(&self) -> KafkaResult<()> {
-        if !self.transactional {
-            return Ok(());
-        }
-        let timeout = self.timeout;
-        self.retrying("abort_transaction", |p| p.abort_transaction(timeout))
-    }
-
-    /// Replaces a producer that failed fatally, as [`Rebuilds`] allows: the new producer's
-    /// init_transactions completes or aborts whatever the old one left open.
-    pub fn rebuild(&mut self, err: KafkaError) -> Result<(), TxnError> {
-        // The error in hand may be a consequence (a purged or failed delivery) of the fence
-        // the client itself reports as its fatal error.
-        let fenced = traits_of(&err, false).fenced
-            || self
-                .client
-                .client()
-                .fatal_error()
-                .is_some_and(|(code, _)| is_fencing_code(code));
-        match self.rebuilds.allow(fenced, Instant::now()) {
-            Ok(()) => {}
-            Err(Refused::Unproven) => return Err(TxnError::FatalAgain { error: err }),
-            Err(Refused::FencedAgain) => return Err(TxnError::FencedAgain { error: err }),
-        }
-        telemetry::producer_rebuilt(&err, fenced);
-        self.client
-            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
-        self.client = create_client(&self.config, self.timeout, self.transactional)?;
-        Ok(())
+        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))
     }
 
     /// Calls `op` again while the error is retriable, with a capped exponential backoff,
