@@ -47,7 +47,18 @@ fn spawn(setup: &Setup, instance: &str) -> KillOnDrop {
 
 #[test]
 fn sigkilled_job_restarts_without_loss_or_duplicates() {
-    let s = setup("crash", 0, "  max_records_per_txn: 1000\n");
+    sigkilled_and_restarted("crash", "");
+}
+
+/// The same with commits overlapping processing: a kill may fall while a transaction commits
+/// in the background and the next records are held.
+#[test]
+fn sigkilled_job_with_overlapped_commits_restarts_without_loss_or_duplicates() {
+    sigkilled_and_restarted("crash-ov", "  overlap_commits: true\n");
+}
+
+fn sigkilled_and_restarted(name: &str, runtime: &str) {
+    let s = setup(name, 0, &format!("  max_records_per_txn: 1000\n{runtime}"));
     let ids: BTreeSet<u64> = (0..100_000).collect();
     // Records arrive over ~25 s, so the job cannot be done before it was killed a few times.
     let feeder = {
@@ -62,7 +73,7 @@ fn sigkilled_job_restarts_without_loss_or_duplicates() {
         if kills_mid_run >= 3 {
             break;
         }
-        let mut child = spawn(&s, "crash-0");
+        let mut child = spawn(&s, &format!("{name}-0"));
         // Kill at a random moment after this incarnation committed something, however slow
         // its start is on a loaded machine.
         let progressed =
@@ -86,7 +97,7 @@ fn sigkilled_job_restarts_without_loss_or_duplicates() {
     assert!(kills_mid_run >= 3, "the job was not killed 3 times mid-run");
     feeder.join().expect("feeder");
 
-    let child = spawn(&s, "crash-0");
+    let child = spawn(&s, &format!("{name}-0"));
     let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
     terminate(child);
     assert_eq!(
@@ -234,7 +245,18 @@ fn of_two_live_instances_sharing_an_id_one_stops_and_the_other_finishes() {
 
 #[test]
 fn instances_joining_and_dying_mid_run_keep_exactly_once() {
-    let s = setup("scale", 0, "  max_records_per_txn: 500\n");
+    joining_and_dying("scale", "");
+}
+
+/// The same with commits overlapping processing: a rebalance's commit waits for the one in
+/// the background, then commits what was held.
+#[test]
+fn instances_joining_and_dying_mid_run_with_overlapped_commits_keep_exactly_once() {
+    joining_and_dying("scale-ov", "  overlap_commits: true\n");
+}
+
+fn joining_and_dying(name: &str, runtime: &str) {
+    let s = setup(name, 0, &format!("  max_records_per_txn: 500\n{runtime}"));
     let ids: BTreeSet<u64> = (0..60_000).collect();
     // Records arrive over ~12 s while instances come and go.
     let feeder = {
@@ -242,11 +264,11 @@ fn instances_joining_and_dying_mid_run_keep_exactly_once() {
         let ids = ids.clone();
         std::thread::spawn(move || produce_ids_paced(&input, ids, Some(5_000)))
     };
-    let mut first = spawn(&s, "scale-a");
+    let mut first = spawn(&s, &format!("{name}-a"));
     std::thread::sleep(Duration::from_secs(3));
     // A second instance joins: the first one hands partitions over in a cooperative
     // rebalance, committing its transaction in flight.
-    let second = spawn(&s, "scale-b");
+    let second = spawn(&s, &format!("{name}-b"));
     std::thread::sleep(Duration::from_secs(7));
     // Then the first one dies; after its session times out the second takes its partitions.
     first.kill().expect("SIGKILL");

@@ -139,8 +139,8 @@ pub struct BenchConfig {
     pub alos_commit_ms: u64,
     /// Commit intervals of the exactly-once runs.
     pub eos_commit_ms: Vec<u64>,
-    /// Commit intervals of exactly-once runs without overlapped commits.
-    pub eos_sync_commit_ms: Vec<u64>,
+    /// Commit intervals of exactly-once runs with overlapped commits.
+    pub eos_overlap_commit_ms: Vec<u64>,
     /// Commit intervals of the Kafka Streams runs; empty: no Kafka Streams.
     pub kstreams_commit_ms: Vec<u64>,
     /// JVM options of the Kafka Streams peer.
@@ -187,9 +187,9 @@ pub enum Kind {
     Alos,
     /// onceflow, `guarantee: exactly_once`.
     Eos,
-    /// onceflow, `guarantee: exactly_once`, `overlap_commits: false`: the loop paused for
-    /// every commit (the engine before commits overlapped processing).
-    EosSync,
+    /// onceflow, `guarantee: exactly_once`, `overlap_commits: true`: the loop goes on while a
+    /// transaction commits.
+    EosOverlap,
     /// Kafka Streams, `processing.guarantee: exactly_once_v2`.
     KStreams,
     /// Kafka's `ProducerPerformance` (the cross-check of produce-only).
@@ -227,7 +227,7 @@ impl Spec {
     pub fn is_pipeline(&self) -> bool {
         matches!(
             self.kind,
-            Kind::Alos | Kind::Eos | Kind::EosSync | Kind::KStreams
+            Kind::Alos | Kind::Eos | Kind::EosOverlap | Kind::KStreams
         )
     }
 
@@ -243,7 +243,7 @@ impl Spec {
             Kind::Rpw => "rpw-ceiling".to_string(),
             Kind::Alos => format!("alos-{ms}"),
             Kind::Eos => format!("eos-{ms}"),
-            Kind::EosSync => format!("eos-sync-{ms}"),
+            Kind::EosOverlap => format!("eos-overlap-{ms}"),
             Kind::KStreams => format!("kstreams-eos-{ms}"),
             Kind::ProducerPerf => "kafka-producer-perf".to_string(),
             Kind::ConsumerPerf => "kafka-consumer-perf".to_string(),
@@ -382,9 +382,9 @@ pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
             instances: 1,
         });
     }
-    for &ms in &cfg.eos_sync_commit_ms {
+    for &ms in &cfg.eos_overlap_commit_ms {
         specs.push(Spec {
-            kind: Kind::EosSync,
+            kind: Kind::EosOverlap,
             commit_ms: Some(ms),
             instances: 1,
         });
@@ -934,14 +934,14 @@ impl CellCtx<'_> {
                     "onceflow-bench: running",
                 )?]);
             }
-            Kind::Alos | Kind::Eos | Kind::EosSync => {}
+            Kind::Alos | Kind::Eos | Kind::EosOverlap => {}
         }
         let guarantee = if spec.kind == Kind::Alos {
             "at_least_once"
         } else {
             "exactly_once"
         };
-        let overlap = spec.kind != Kind::EosSync;
+        let overlap = spec.kind == Kind::EosOverlap;
         // The commit interval alone decides when a transaction commits, as in Kafka Streams.
         let yaml = format!(
             "name: {name}\ninputs: [{{topic: {input}}}, {{topic: {probe}}}]\noutputs: [{{topic: {output}}}]\n\
@@ -1461,6 +1461,10 @@ mod tests {
             instances,
         };
         assert_eq!(s(Kind::Eos, Some(100), 1).label(), "eos-100ms");
+        assert_eq!(
+            s(Kind::EosOverlap, Some(100), 1).label(),
+            "eos-overlap-100ms"
+        );
         assert_eq!(s(Kind::Eos, Some(1000), 3).label(), "eos-1s-x3");
         assert_eq!(
             s(Kind::KStreams, Some(100), 1).label(),

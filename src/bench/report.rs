@@ -214,7 +214,7 @@ fn ratio_pairs(specs: &[Spec]) -> Vec<(Spec, Spec)> {
         for s in specs {
             let against = match s.kind {
                 Kind::Alos => true,
-                Kind::KStreams | Kind::EosSync => s.commit_ms == eos.commit_ms,
+                Kind::KStreams | Kind::EosOverlap => s.commit_ms == eos.commit_ms,
                 _ => false,
             };
             if against {
@@ -734,7 +734,7 @@ mod tests {
             measure_secs: 15.0,
             alos_commit_ms: 100,
             eos_commit_ms: vec![100],
-            eos_sync_commit_ms: vec![],
+            eos_overlap_commit_ms: vec![],
             kstreams_commit_ms: vec![100],
             java_opts: vec![],
             instances: vec![1],

@@ -42,10 +42,10 @@ pub struct BenchArgs {
     /// Commit intervals of the exactly-once runs (ms).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     eos_commit_ms: Vec<u64>,
-    /// Commit intervals of exactly-once runs with `overlap_commits: false` (ms; none by
-    /// default): the loop paused for each commit, beside the default that goes on.
+    /// Commit intervals of exactly-once runs with `overlap_commits: true` (ms; none by
+    /// default): the loop goes on while a transaction commits, beside the default that pauses.
     #[arg(long, value_delimiter = ',')]
-    eos_sync_commit_ms: Vec<u64>,
+    eos_overlap_commit_ms: Vec<u64>,
     /// Commit intervals of the Kafka Streams exactly_once_v2 runs (ms).
     #[arg(long, value_delimiter = ',', default_value = "100")]
     kstreams_commit_ms: Vec<u64>,
@@ -194,7 +194,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         record_size: args.record_size,
         alos_commit_ms: args.alos_commit_ms,
         eos_commit_ms: args.eos_commit_ms,
-        eos_sync_commit_ms: args.eos_sync_commit_ms,
+        eos_overlap_commit_ms: args.eos_overlap_commit_ms,
         kstreams_commit_ms,
         java_opts: args
             .java_opts

@@ -383,8 +383,10 @@ pub struct Runtime {
     pub group_protocol: GroupProtocol,
     /// Go on consuming and processing while a transaction commits (exactly-once jobs whose
     /// outputs are all Kafka topics; the others commit between records anyway). What is
-    /// processed meanwhile goes into the next transaction. `false` pauses the loop for each
-    /// commit.
+    /// processed meanwhile goes into the next transaction. Off by default: measured against
+    /// a broker on the same machine it gained nothing (the wait for the last deliveries, which
+    /// it cannot shorten, is most of a commit) and cost CPU (docs/benchmarks.md); it may pay
+    /// where the round trips to the coordinators are long.
     #[serde(default = "default_overlap_commits")]
     pub overlap_commits: bool,
 }
@@ -435,7 +437,7 @@ fn default_session_timeout_ms() -> u64 {
     45_000
 }
 fn default_overlap_commits() -> bool {
-    true
+    false
 }
 
 impl Default for Runtime {
