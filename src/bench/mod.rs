@@ -292,6 +292,9 @@ pub struct CellResult {
     /// Cores the whole machine used on average in the window (everything: this cell, the
     /// broker, the bench's reader, and whatever else runs here).
     pub machine_cores: Option<f64>,
+    /// Cores used in the window by everything else: the machine less the cell's processes,
+    /// the broker and this bench (its reader). What makes a cell noisy.
+    pub other_cores: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -317,6 +320,7 @@ impl CellResult {
             load1: None,
             broker_cores: None,
             machine_cores: None,
+            other_cores: None,
             error: None,
         }
     }
@@ -349,9 +353,15 @@ impl CellResult {
             .map(|r| r * self.record_size as f64 / 1e6)
     }
 
-    /// Whether the machine was busier than it has cores while this cell ran.
+    /// Whether something besides the cell, the broker and this bench used more than
+    /// [`NOISE_CORES`] in the window (without that reading: the load average above the
+    /// cores). The load average alone cannot tell: a broker, a pipeline and the bench's
+    /// reader keep it above 2 on a 2-core machine with nothing else running.
     pub fn noisy(&self, cores: usize) -> bool {
-        self.load1.is_some_and(|l| l > cores as f64)
+        match self.other_cores {
+            Some(other) => other > NOISE_CORES,
+            None => self.load1.is_some_and(|l| l > cores as f64),
+        }
     }
 
     /// Whether the window missed the warm-up or is shorter than asked (90 % of
@@ -620,6 +630,9 @@ fn fetch_kstreams(repo: &Path) -> Result<PathBuf, BenchError> {
     Ok(PathBuf::from(libs))
 }
 
+/// Cores of other work in a cell's window past which the cell counts as noisy.
+pub const NOISE_CORES: f64 = 0.25;
+
 /// The readings taken at either end of a measured window.
 #[derive(Debug, Clone, Copy)]
 struct Snapshot {
@@ -629,6 +642,8 @@ struct Snapshot {
     /// CPU seconds of the cell's processes so far.
     procs_cpu: Option<f64>,
     broker_cpu: Option<f64>,
+    /// CPU seconds of this bench process (its reader of the output).
+    bench_cpu: Option<f64>,
     machine: Option<machine::MachineCpu>,
 }
 
@@ -643,6 +658,7 @@ impl Snapshot {
             visible,
             procs_cpu,
             broker_cpu: broker_pid.and_then(machine::process_cpu_s),
+            bench_cpu: machine::process_cpu_s(std::process::id()),
             machine: machine::machine_cpu(),
         }
     }
@@ -1102,6 +1118,12 @@ impl CellCtx<'_> {
                 }
                 _ => None,
             };
+            let cores = |a: Option<f64>, b: Option<f64>| delta(a, b).map(|c| c / window);
+            result.other_cores = result.machine_cores.and_then(|machine| {
+                let cell = cores(start.procs_cpu, end.procs_cpu)?;
+                let bench = cores(start.bench_cpu, end.bench_cpu)?;
+                Some((machine - cell - bench - result.broker_cores.unwrap_or(0.0)).max(0.0))
+            });
         }
         Ok(())
     }

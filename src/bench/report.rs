@@ -14,7 +14,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::stats::{Summary, paired};
-use super::{BenchConfig, BenchError, CellResult, Kind, Spec, machine};
+use super::{BenchConfig, BenchError, CellResult, Kind, NOISE_CORES, Spec, machine};
 use crate::histogram::Histogram;
 
 fn opt(v: Option<f64>, decimals: usize) -> String {
@@ -25,7 +25,7 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,noisy,short,error";
+pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,other_cores,noisy,short,error";
 
 /// Writes every cell so far (rewritten after each cell, so an interrupted run keeps its rows).
 pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
@@ -38,7 +38,7 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
         let e2e = r.e2e.as_ref();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.partitions,
             r.spec.label(),
             r.spec.instances,
@@ -68,6 +68,7 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
             opt(r.load1, 2),
             opt(r.broker_cores, 2),
             opt(r.machine_cores, 2),
+            opt(r.other_cores, 2),
             r.noisy(cores),
             r.short(cfg),
             r.error
@@ -264,23 +265,28 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
     let load = Summary::of(timed.iter().filter_map(|r| r.load1));
     let broker = Summary::of(timed.iter().filter_map(|r| r.broker_cores));
     let busy = Summary::of(timed.iter().filter_map(|r| r.machine_cores));
+    let other = Summary::of(timed.iter().filter_map(|r| r.other_cores));
     let noisy = timed.iter().filter(|r| r.noisy(cores)).count();
     let _ = writeln!(md, "Command: `{}`\n", cfg.command);
     let _ = writeln!(md, "Machine: {}.", machine::describe());
     let _ = writeln!(
         md,
         "Load average (1 min, the highest seen in each cell): {}; machine CPU in use in the \
-         windows: {} cores; the broker's share: {} cores.",
+         windows: {} cores; the broker's share: {} cores; everything else's (besides the \
+         cell, the broker and this bench): {} cores.",
         summary(load, x2),
         summary(busy, x2),
         summary(broker, x2),
+        summary(other, x2),
     );
     let verdict = if noisy == 0 {
-        format!("**quiet**: no cell ran with a load above the {cores} cores")
+        format!(
+            "**quiet**: in no cell did other work use more than {NOISE_CORES} cores of the {cores}"
+        )
     } else {
         format!(
-            "**noisy**: {noisy} of {} cells ran with a load above the {cores} cores (marked \
-             `noisy` below); read the ranges before the medians",
+            "**noisy**: in {noisy} of {} cells other work used more than {NOISE_CORES} cores of \
+             the {cores} (marked `noisy` below); read the ranges before the medians",
             timed.len()
         )
     };
@@ -818,16 +824,31 @@ mod tests {
     }
 
     #[test]
+    fn a_load_above_the_cores_from_the_bench_s_own_processes_is_not_noise() {
+        let mut busy = cell(alos(), 0, 100.0);
+        busy.load1 = Some(machine::cores() as f64 + 2.0);
+        busy.other_cores = Some(0.1);
+        assert!(!busy.noisy(machine::cores()));
+        busy.other_cores = Some(NOISE_CORES + 0.01);
+        assert!(busy.noisy(machine::cores()));
+        busy.other_cores = None;
+        assert!(
+            busy.noisy(machine::cores()),
+            "without the reading, the load decides"
+        );
+    }
+
+    #[test]
     fn the_report_gives_medians_ranges_and_flags_noise_and_short_windows() {
         let mut noisy = cell(alos(), 1, 300.0);
-        noisy.load1 = Some(machine::cores() as f64 + 1.0);
+        noisy.other_cores = Some(NOISE_CORES + 0.5);
         let mut short = cell(alos(), 2, 200.0);
         short.window_s = Some(3.0);
         short.window_records = Some(600);
         let results = vec![cell(alos(), 0, 100.0), noisy, short];
         let md = markdown(&cfg(), &results);
         assert!(md.contains("| 1 | 200 (100–300) |"), "{md}");
-        assert!(md.contains("**noisy**: 1 of 3 cells"), "{md}");
+        assert!(md.contains("**noisy**: in 1 of 3 cells"), "{md}");
         assert!(md.contains("| noisy |"), "{md}");
         assert!(md.contains("round 2: short window (3.0 s)"), "{md}");
         // 20 s x rate records in 2 CPU-s: 1000, 3000 (and 300 for the short one).
