@@ -473,7 +473,7 @@ impl<'t> Job<'t> {
                 Outcome::Retry { delay } => {
                     // The open transaction commits first, so it is not held open while
                     // waiting.
-                    if txn.commit(consumer)? == Committed::Aborted {
+                    if txn.commit_before(consumer, &origin)? == Committed::Aborted {
                         // The rewind moved this partition back: the record comes again.
                         return Ok(());
                     }
@@ -567,7 +567,7 @@ impl<'t> Job<'t> {
             Outcome::Pause { for_ } => {
                 // Keep the transaction clean: commit what is open, then stop this partition at
                 // this record and try it again later.
-                if txn.commit(consumer)? != Committed::Aborted {
+                if txn.commit_before(consumer, &origin)? != Committed::Aborted {
                     self.paused.pause_at(consumer, &origin, for_)?;
                     telemetry::partition_paused(&origin, for_);
                 }
@@ -684,22 +684,22 @@ impl<'t> Job<'t> {
         }
         // A commit running in the background that has ended is settled (what was processed
         // meanwhile goes into the next transaction); a due one starts.
-        let settled = txn.progress(consumer)?;
+        txn.progress(consumer)?;
         let now = Instant::now();
         self.paused.resume_due(consumer, now);
         if now >= self.next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
             self.next_tick = now + Duration::from_secs(1);
         }
-        let due = txn.is_due(now);
-        if due {
+        if txn.is_due(now) {
             txn.commit_in_background(consumer)?;
         }
-        if (due || settled != Committed::Nothing)
-            && self
-                .options
-                .stop_after_records
-                .is_some_and(|n| txn.stats().records_committed >= n)
+        // Checked on every pass: a commit may also have settled inside add or a rebalance.
+        let s = txn.stats();
+        if self
+            .options
+            .stop_after_records
+            .is_some_and(|n| s.committed > 0 && s.records_committed >= n)
         {
             return Ok(Flow::Stop);
         }

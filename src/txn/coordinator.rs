@@ -134,6 +134,15 @@ struct InFlight {
     started: Instant,
 }
 
+/// What becomes of the records held while a background commit ran, once it committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// They go into the next transaction.
+    Held,
+    /// They are dropped, their partitions noted for a rewind (the caller aborts).
+    Nothing,
+}
+
 /// A record consumed and processed while the transaction before it was committing: it goes
 /// into the next one, once that commit is settled, or is consumed again after a rewind.
 struct Held {
@@ -166,6 +175,9 @@ pub struct Txn {
     /// transaction: when they come again after the rewind, they are handled as failed
     /// records instead of being processed again.
     refused: HashMap<Origin, RecordError>,
+    /// A record consumed but not added, whose partition a rewind must also take back
+    /// ([`Txn::commit_before`]).
+    in_hand: Option<Origin>,
     /// The commit running in the background, if one is.
     in_flight: Option<InFlight>,
     /// What the loop processed meanwhile, in order.
@@ -207,6 +219,7 @@ impl Txn {
             participant_commits: 0,
             staged: false,
             refused: HashMap::new(),
+            in_hand: None,
             in_flight: None,
             held: Vec::new(),
             held_topics: Vec::new(),
@@ -330,16 +343,26 @@ impl Txn {
         outputs: &[(&str, Record)],
     ) -> Result<Added, TxnError> {
         if self.in_flight.is_some() {
-            if self.held.len() < MAX_HELD_RECORDS && self.held_bytes < MAX_HELD_BYTES {
-                self.hold(origin, consumed_bytes, outputs);
+            self.hold(origin, consumed_bytes, outputs);
+            if !self.hold_is_full() {
                 return Ok(Added::Yes);
             }
-            if self.settle(consumer)? == Committed::Aborted {
-                // This record's partition was rewound with the others: it comes again.
-                return Ok(Added::Aborted);
-            }
+            // Full: wait for the commit. This record, held last, goes into the next
+            // transaction with the others, or its partition is rewound with theirs.
+            return Ok(match self.settle(consumer, Keep::Held)? {
+                Committed::Aborted => Added::Aborted,
+                _ => Added::Yes,
+            });
         }
         self.add_now(consumer, origin, consumed_bytes, outputs)
+    }
+
+    /// Whether the records held while a commit runs have reached a bound: the fixed ones, or
+    /// the transaction's own.
+    fn hold_is_full(&self) -> bool {
+        let records = self.settings.max_records.min(MAX_HELD_RECORDS as u64);
+        let bytes = self.settings.max_bytes.min(MAX_HELD_BYTES as u64);
+        self.held.len() as u64 >= records || self.held_bytes as u64 >= bytes
     }
 
     fn add_now<C: ConsumerContext>(
@@ -390,10 +413,25 @@ impl Txn {
         &mut self,
         consumer: &BaseConsumer<C>,
     ) -> Result<Committed, TxnError> {
-        if self.settle(consumer)? == Committed::Aborted {
+        if self.settle(consumer, Keep::Held)? == Committed::Aborted {
             return Ok(Committed::Aborted);
         }
         self.commit_now(consumer)
+    }
+
+    /// Commits, as [`Txn::commit`] does, while the record at `in_hand` waits outside the
+    /// transaction (consumed, not added: to be tried again, or its partition paused). When
+    /// the commit aborts, that record's partition is rewound too, even if the transaction
+    /// held nothing of it, so that the record comes again instead of being passed over.
+    pub fn commit_before<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        in_hand: &Origin,
+    ) -> Result<Committed, TxnError> {
+        self.in_hand = Some(in_hand.clone());
+        let result = self.commit(consumer);
+        self.in_hand = None;
+        result
     }
 
     fn commit_now<C: ConsumerContext>(
@@ -451,7 +489,7 @@ impl Txn {
         if !self.overlaps() {
             return self.commit(consumer).map(|_| ());
         }
-        if self.settle(consumer)? == Committed::Aborted || !self.open {
+        if self.settle(consumer, Keep::Held)? == Committed::Aborted || !self.open {
             return Ok(());
         }
         let started = Instant::now();
@@ -488,7 +526,7 @@ impl Txn {
         consumer: &BaseConsumer<C>,
     ) -> Result<Committed, TxnError> {
         match &self.in_flight {
-            Some(f) if f.handle.is_finished() => self.settle(consumer),
+            Some(f) if f.handle.is_finished() => self.settle(consumer, Keep::Held),
             _ => Ok(Committed::Nothing),
         }
     }
@@ -503,10 +541,12 @@ impl Txn {
 
     /// Waits for the background commit, if one runs, and concludes it: committed, what was
     /// held goes into the next transaction (`Done`, or `Aborted` when that one failed at
-    /// once); failed, the transaction is aborted and rewound with what was held (`Aborted`).
+    /// once), or with [`Keep::Nothing`] is dropped and its partitions noted for the caller's
+    /// rewind; failed, the transaction is aborted and rewound with what was held (`Aborted`).
     fn settle<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
+        keep: Keep,
     ) -> Result<Committed, TxnError> {
         let Some(flight) = self.in_flight.take() else {
             return Ok(Committed::Nothing);
@@ -523,6 +563,10 @@ impl Txn {
                 self.producer.committed();
                 self.stats.commit_steps.record(steps);
                 self.committed(steps.ended - flight.started);
+                if keep == Keep::Nothing {
+                    self.drop_held();
+                    return Ok(Committed::Done);
+                }
                 match self.release_held(consumer)? {
                     Added::Yes => Ok(Committed::Done),
                     Added::Aborted => Ok(Committed::Aborted),
@@ -530,16 +574,21 @@ impl Txn {
             }
             Err(err) => {
                 // The held records' partitions are rewound with the transaction's.
-                for h in std::mem::take(&mut self.held) {
-                    self.offsets
-                        .record(&h.origin.topic, h.origin.partition, h.origin.offset);
-                }
-                self.held_topics.clear();
-                self.held_bytes = 0;
+                self.drop_held();
                 self.fail(consumer, err, AbortReason::CommitFailed)?;
                 Ok(Committed::Aborted)
             }
         }
+    }
+
+    /// Drops what was held, noting each record's partition for the next rewind.
+    fn drop_held(&mut self) {
+        for h in std::mem::take(&mut self.held) {
+            self.offsets
+                .record(&h.origin.topic, h.origin.partition, h.origin.offset);
+        }
+        self.held_topics.clear();
+        self.held_bytes = 0;
     }
 
     /// Keeps a record added while the transaction commits, with copies of its outputs.
@@ -755,7 +804,9 @@ impl Txn {
         reason: AbortReason,
         detail: &str,
     ) -> Result<(), TxnError> {
-        if self.settle(consumer)? == Committed::Aborted {
+        // What committed in the background stays committed; what was held since is dropped
+        // and rewound with the rest.
+        if self.settle(consumer, Keep::Nothing)? == Committed::Aborted {
             return Ok(());
         }
         if self.open {
@@ -813,6 +864,15 @@ impl Txn {
         for (topic, partition, _) in self.offsets.to_commit() {
             touched.add_partition(topic, partition);
         }
+        // The record in hand's partition, when the transaction holds nothing of it: every
+        // record before it there is committed, so it is rewound to the record itself.
+        let in_hand = self
+            .in_hand
+            .as_ref()
+            .filter(|o| self.offsets.first_of(&o.topic, o.partition).is_none());
+        if let Some(o) = in_hand {
+            touched.add_partition(&o.topic, o.partition);
+        }
         if touched.count() == 0 {
             return Ok(());
         }
@@ -829,7 +889,14 @@ impl Txn {
         for elem in committed.elements() {
             let target = match elem.offset() {
                 Offset::Offset(o) => Some(o),
-                _ => self.offsets.first_of(elem.topic(), elem.partition()),
+                _ => self
+                    .offsets
+                    .first_of(elem.topic(), elem.partition())
+                    .or_else(|| {
+                        in_hand
+                            .filter(|o| o.topic == elem.topic() && o.partition == elem.partition())
+                            .map(|o| o.offset)
+                    }),
             };
             if let Some(o) = target {
                 seeks
@@ -1295,6 +1362,11 @@ mod tests {
 
     /// A fixture whose transaction has Kafka outputs only and commits in the background.
     fn overlapping() -> Fixture {
+        kafka_only(true, 1_000)
+    }
+
+    /// A fixture whose transaction has Kafka outputs only.
+    fn kafka_only(overlap_commits: bool, max_records: u64) -> Fixture {
         let mut f = fixture(None);
         f.cluster.create_topic(OUT, 1).expect("output topic");
         let mut config = ClientConfig::new();
@@ -1303,13 +1375,13 @@ mod tests {
             .set("transactional.id", "coordinator-overlap-test");
         let settings = TxnSettings {
             commit_interval: Duration::from_secs(3600),
-            max_records: 1_000,
+            max_records,
             max_bytes: 1 << 30,
             operation_timeout: Duration::from_secs(10),
             abort_every: None,
             exit_after_participant_commit: None,
             guarantee: Guarantee::ExactlyOnce,
-            overlap_commits: true,
+            overlap_commits,
         };
         f.txn = Txn::new(config, settings, Arc::new(Health::default()))
             .expect("init_transactions on the mock cluster");
@@ -1388,12 +1460,12 @@ mod tests {
         add_out(&mut f, &origin(0, 2));
         f.txn.commit_in_background(&f.consumer).unwrap();
         add_out(&mut f, &origin(0, 3));
-        // Partitions lost: what committed stays committed, what was held is aborted.
+        // Partitions lost: what committed stays committed, what was held is dropped.
         f.txn
             .abort_and_rewind(&f.consumer, AbortReason::PartitionsLost, "")
             .unwrap();
         let stats = f.txn.stats();
-        assert_eq!((stats.committed, stats.aborted), (3, 1));
+        assert_eq!((stats.committed, stats.aborted), (3, 0));
         assert_eq!(stats.records_committed, 3);
         assert!(!f.txn.is_open() && f.txn.held.is_empty());
     }
@@ -1491,6 +1563,98 @@ mod tests {
             first.get(&1),
             Some(&p1[0].offset),
             "the partition of the record that could not be sent"
+        );
+    }
+
+    /// Feeds both partitions and reads everything: the records of partition 0 and of 1.
+    fn fed(f: &Fixture) -> (Vec<Origin>, Vec<Origin>) {
+        f.cluster.feed(TOPIC, 40).expect("fed");
+        let (p0, p1): (Vec<Origin>, Vec<Origin>) =
+            read(f, 40).into_iter().partition(|o| o.partition == 0);
+        assert!(p0.len() >= 3 && p1.len() >= 3, "both partitions fed");
+        (p0, p1)
+    }
+
+    #[test]
+    fn a_record_waiting_for_a_retry_comes_again_when_the_commit_before_it_aborts() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = kafka_only(false, 1_000);
+        let (p0, p1) = fed(&f);
+        add_out(&mut f, &p0[0]);
+        f.cluster
+            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
+            .unwrap();
+        // The record of partition 1 failed transiently: the transaction commits before the
+        // retry, and aborts.
+        assert_eq!(
+            f.txn.commit_before(&f.consumer, &p1[0]).unwrap(),
+            Committed::Aborted
+        );
+        let first = read_again(&f);
+        assert_eq!(
+            first.get(&0),
+            Some(&p0[0].offset),
+            "the transaction's partition"
+        );
+        assert_eq!(
+            first.get(&1),
+            Some(&p1[0].offset),
+            "the partition of the record in hand"
+        );
+    }
+
+    #[test]
+    fn a_record_that_fills_the_hold_of_a_failing_commit_comes_again() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        // Transactions of 3 records: the hold is full at 3 too.
+        let mut f = kafka_only(true, 3);
+        let (p0, p1) = fed(&f);
+        add_out(&mut f, &p0[0]);
+        f.cluster
+            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
+            .unwrap();
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        add_out(&mut f, &p1[0]);
+        add_out(&mut f, &p1[1]);
+        assert_eq!(f.txn.held.len(), 2);
+        assert_eq!(
+            try_add_out(&mut f, &p1[2]),
+            Added::Aborted,
+            "the third fills the hold: the loop waits for the commit, which fails"
+        );
+        assert!(f.txn.held.is_empty() && !f.txn.is_open());
+        let first = read_again(&f);
+        assert_eq!(first.get(&0), Some(&p0[0].offset));
+        assert_eq!(
+            first.get(&1),
+            Some(&p1[0].offset),
+            "the held records' partition"
+        );
+    }
+
+    #[test]
+    fn an_abort_asked_while_a_commit_runs_drops_what_was_held_without_sending_it() {
+        let mut f = overlapping();
+        let (p0, p1) = fed(&f);
+        add_out(&mut f, &p0[0]);
+        f.txn.commit_in_background(&f.consumer).unwrap();
+        add_out(&mut f, &p1[0]);
+        f.txn
+            .abort_and_rewind(&f.consumer, AbortReason::PartitionsLost, "")
+            .unwrap();
+        let stats = f.txn.stats();
+        assert_eq!(
+            (stats.committed, stats.aborted),
+            (1, 0),
+            "nothing sent to abort"
+        );
+        assert_eq!(stats.records_committed, 1);
+        assert!(!f.txn.is_open() && f.txn.held.is_empty());
+        let first = read_again(&f);
+        assert_eq!(
+            first.get(&1),
+            Some(&p1[0].offset),
+            "the held record comes again"
         );
     }
 
