@@ -1474,10 +1474,7 @@ mod tests {
     fn a_failed_background_commit_rewinds_the_partitions_of_what_was_held_too() {
         use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = overlapping();
-        f.cluster.feed(TOPIC, 40).expect("fed");
-        let (p0, p1): (Vec<Origin>, Vec<Origin>) =
-            read(&f, 40).into_iter().partition(|o| o.partition == 0);
-        assert!(!p0.is_empty() && !p1.is_empty(), "both partitions fed");
+        let (p0, p1) = fed(&f);
         // The transaction holds partition 0 only; partition 1 is read while it commits.
         for o in &p0 {
             add_out(&mut f, o);
@@ -1493,17 +1490,7 @@ mod tests {
         assert_eq!(f.txn.stats().producer_rebuilds, 1);
         assert!(!f.txn.is_open() && f.txn.held.is_empty());
         // Both partitions come again from where this transaction and the held records began.
-        let first = read_again(&f);
-        assert_eq!(
-            first.get(&0),
-            Some(&p0[0].offset),
-            "the transaction's partition"
-        );
-        assert_eq!(
-            first.get(&1),
-            Some(&p1[0].offset),
-            "the held records' partition"
-        );
+        assert_comes_again(&f, &p0[0], &p1[0], "the held records' partition");
     }
 
     /// Reads what the consumer has to give, up to `n` records.
@@ -1531,15 +1518,19 @@ mod tests {
         first
     }
 
+    /// Partitions 0 and 1 come again from `p0` and `p1`.
+    fn assert_comes_again(f: &Fixture, p0: &Origin, p1: &Origin, why: &str) {
+        let first = read_again(f);
+        assert_eq!(first.get(&0), Some(&p0.offset), "partition 0: {why}");
+        assert_eq!(first.get(&1), Some(&p1.offset), "partition 1: {why}");
+    }
+
     #[test]
     fn a_record_whose_output_cannot_be_sent_comes_again_though_its_partition_is_new_to_the_transaction()
      {
         use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = overlapping();
-        f.cluster.feed(TOPIC, 40).expect("fed");
-        let (p0, p1): (Vec<Origin>, Vec<Origin>) =
-            read(&f, 40).into_iter().partition(|o| o.partition == 0);
-        assert!(!p0.is_empty() && !p1.is_empty(), "both partitions fed");
+        let (p0, p1) = fed(&f);
         add_out(&mut f, &p0[0]);
         // The producer fails for good: the first record of partition 1 cannot be sent.
         let reason = std::ffi::CString::new("injected").unwrap();
@@ -1553,16 +1544,11 @@ mod tests {
         }
         assert_eq!(try_add_out(&mut f, &p1[0]), Added::Aborted);
         assert_eq!(f.txn.stats().producer_rebuilds, 1);
-        let first = read_again(&f);
-        assert_eq!(
-            first.get(&0),
-            Some(&p0[0].offset),
-            "the transaction's partition"
-        );
-        assert_eq!(
-            first.get(&1),
-            Some(&p1[0].offset),
-            "the partition of the record that could not be sent"
+        assert_comes_again(
+            &f,
+            &p0[0],
+            &p1[0],
+            "the partition of the record that could not be sent",
         );
     }
 
@@ -1590,17 +1576,7 @@ mod tests {
             f.txn.commit_before(&f.consumer, &p1[0]).unwrap(),
             Committed::Aborted
         );
-        let first = read_again(&f);
-        assert_eq!(
-            first.get(&0),
-            Some(&p0[0].offset),
-            "the transaction's partition"
-        );
-        assert_eq!(
-            first.get(&1),
-            Some(&p1[0].offset),
-            "the partition of the record in hand"
-        );
+        assert_comes_again(&f, &p0[0], &p1[0], "the partition of the record in hand");
     }
 
     #[test]
@@ -1623,13 +1599,7 @@ mod tests {
             "the third fills the hold: the loop waits for the commit, which fails"
         );
         assert!(f.txn.held.is_empty() && !f.txn.is_open());
-        let first = read_again(&f);
-        assert_eq!(first.get(&0), Some(&p0[0].offset));
-        assert_eq!(
-            first.get(&1),
-            Some(&p1[0].offset),
-            "the held records' partition"
-        );
+        assert_comes_again(&f, &p0[0], &p1[0], "the held records' partition");
     }
 
     #[test]
