@@ -1472,16 +1472,13 @@ mod tests {
 
     #[test]
     fn a_failed_background_commit_rewinds_the_partitions_of_what_was_held_too() {
-        use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = overlapping();
         let (p0, p1) = fed(&f);
         // The transaction holds partition 0 only; partition 1 is read while it commits.
         for o in &p0 {
             add_out(&mut f, o);
         }
-        f.cluster
-            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
-            .unwrap();
+        fail_next_end_txn(&f);
         f.txn.commit_in_background(&f.consumer).unwrap();
         for o in &p1 {
             add_out(&mut f, o);
@@ -1552,6 +1549,16 @@ mod tests {
         );
     }
 
+    /// The next EndTxn fails as after a coordinator failover: fatal, the producer is rebuilt.
+    fn fail_next_end_txn(f: &Fixture) {
+        f.cluster
+            .push_request_errors(
+                END_TXN,
+                &[rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_INVALID_TXN_STATE],
+            )
+            .unwrap();
+    }
+
     /// Feeds both partitions and reads everything: the records of partition 0 and of 1.
     fn fed(f: &Fixture) -> (Vec<Origin>, Vec<Origin>) {
         f.cluster.feed(TOPIC, 40).expect("fed");
@@ -1563,13 +1570,10 @@ mod tests {
 
     #[test]
     fn a_record_waiting_for_a_retry_comes_again_when_the_commit_before_it_aborts() {
-        use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = kafka_only(false, 1_000);
         let (p0, p1) = fed(&f);
         add_out(&mut f, &p0[0]);
-        f.cluster
-            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
-            .unwrap();
+        fail_next_end_txn(&f);
         // The record of partition 1 failed transiently: the transaction commits before the
         // retry, and aborts.
         assert_eq!(
@@ -1581,14 +1585,11 @@ mod tests {
 
     #[test]
     fn a_record_that_fills_the_hold_of_a_failing_commit_comes_again() {
-        use rdkafka_sys::rd_kafka_resp_err_t::*;
         // Transactions of 3 records: the hold is full at 3 too.
         let mut f = kafka_only(true, 3);
         let (p0, p1) = fed(&f);
         add_out(&mut f, &p0[0]);
-        f.cluster
-            .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_INVALID_TXN_STATE])
-            .unwrap();
+        fail_next_end_txn(&f);
         f.txn.commit_in_background(&f.consumer).unwrap();
         add_out(&mut f, &p1[0]);
         add_out(&mut f, &p1[1]);
