@@ -4,8 +4,10 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # The dependencies in a layer of their own, built against empty sources: a change to
-# onceflow's code rebuilds onceflow only.
+# onceflow's code rebuilds onceflow only. vendor/ holds librdkafka with one fix
+# (vendor/README.md).
 COPY Cargo.toml Cargo.lock ./
+COPY vendor ./vendor
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && for b in pipeline postgres_upsert http_calls outbox_relay avro_codec; do echo 'fn main() {}' > "benches/$b.rs"; done \

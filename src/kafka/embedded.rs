@@ -109,6 +109,17 @@ impl EmbeddedCluster {
         Ok(())
     }
 
+    /// Delays every response of broker `broker` by `rtt`: for tests of what a client keeps
+    /// in flight.
+    #[cfg(test)]
+    pub fn set_round_trip_time(&self, broker: i32, rtt: Duration) -> Result<(), EmbeddedError> {
+        let mock = mock_ptr(&self.handle)?;
+        let ms = i32::try_from(rtt.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `mock` is alive with `self.handle`; the call only sets a field.
+        unsafe { rdkafka_sys::rd_kafka_mock_broker_set_rtt(mock, broker, ms) };
+        Ok(())
+    }
+
     /// Writes `count` generated JSON records `{"id": n, ...}` keyed by id.
     pub fn feed(&self, topic: &str, count: u64) -> Result<(), EmbeddedError> {
         let producer: BaseProducer = Cluster::new(&self.bootstrap)
@@ -139,5 +150,58 @@ fn mock_ptr(
         Err(EmbeddedError::NoMock)
     } else {
         Ok(mock)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// The idempotent (and so the transactional) producer may keep up to five requests
+    /// in flight per partition. Stock librdkafka 2.12 compares that limit with the
+    /// partition's messages in flight, so a batch of five or more records held the
+    /// partition to one request per round trip (vendor/README.md). With a round trip of
+    /// 1.5 s and batches of 10 records, one round trip then acknowledges 10 records; with
+    /// the fix five batches travel together.
+    #[test]
+    fn an_idempotent_producer_keeps_several_requests_in_flight_on_one_partition() {
+        let cluster = EmbeddedCluster::start(1).unwrap();
+        cluster.create_topic("t", 1).unwrap();
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "200")
+            .set("batch.num.messages", "10")
+            .create()
+            .unwrap();
+        // A first record: the producer id and the partition's leader are known before the
+        // round trip is slowed down.
+        producer
+            .send(BaseRecord::<(), _>::to("t").payload("first"))
+            .unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let rtt = Duration::from_millis(1500);
+        cluster.set_round_trip_time(1, rtt).unwrap();
+        let sent = Instant::now();
+        for n in 0..100 {
+            let value = format!("record {n}");
+            producer
+                .send(BaseRecord::<(), _>::to("t").payload(&value))
+                .unwrap();
+        }
+        // Short of two round trips: one request at a time has had one answer by then (10
+        // records); five sent together, five answers (50), with 1.2 s to spare for a slow
+        // machine.
+        while sent.elapsed() < rtt * 9 / 5 {
+            producer.poll(Duration::from_millis(5));
+        }
+        let acknowledged = 100 - producer.in_flight_count();
+        assert!(
+            acknowledged >= 30,
+            "{acknowledged} records acknowledged within two round trips: one request at a time"
+        );
+        producer.flush(Duration::from_secs(30)).unwrap();
     }
 }
