@@ -230,7 +230,10 @@ fn run_once(
         &topology.group_id(),
         &inputs,
     );
-    let result = job.run_loop(&consumer, shutdown);
+    let result = job.run_loop(&consumer, shutdown).map_err(|e| {
+        let consumer_fatal = consumer.client().fatal_error().map(|(code, _)| code);
+        consumer_fence_first(e, consumer_fatal)
+    });
     *consumed = job.consumed;
     // Commit what is in flight on a clean stop; on an error, abort it (best effort: a
     // fenced producer cannot abort, and the broker aborts it on timeout or when the
@@ -256,6 +259,17 @@ fn run_once(
         elapsed: started.elapsed(),
         busy: job.first_record.map_or(Duration::ZERO, |t| t.elapsed()),
     })
+}
+
+/// An error met after the consumer was fenced is that fence, whatever call met it (a
+/// rewind's offset fetch, refused with librdkafka's "Erroneous state", says nothing of it):
+/// the fence rule of [`run`] then decides, as for a fence the loop's poll reports.
+fn consumer_fence_first(e: EngineError, consumer_fatal: Option<RDKafkaErrorCode>) -> EngineError {
+    match (consumer_fatal, &e) {
+        (_, EngineError::ConsumerFatal(_)) => e,
+        (Some(code @ RDKafkaErrorCode::FencedInstanceId), _) => EngineError::ConsumerFatal(code),
+        _ => e,
+    }
 }
 
 /// The transaction owner with the job's sinks, and the consumer whose context reaches it;
@@ -804,5 +818,37 @@ mod tests {
         let text = "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\nruntime: {transaction_timeout_ms: 10000}\n";
         let topology: Topology = serde_saphyr::from_str(text).unwrap();
         assert_eq!(call_bound(&topology), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn an_error_after_the_consumer_was_fenced_is_that_fence() {
+        let rewind = || {
+            EngineError::Txn(TxnError::Rewind {
+                what: "reading committed offsets".into(),
+                error: KafkaError::OffsetFetch(RDKafkaErrorCode::State),
+            })
+        };
+        let fenced = Some(RDKafkaErrorCode::FencedInstanceId);
+        assert!(matches!(
+            consumer_fence_first(rewind(), fenced),
+            EngineError::ConsumerFatal(RDKafkaErrorCode::FencedInstanceId)
+        ));
+        // Without a fence, or with another fatal error of the consumer, the error stands.
+        assert!(matches!(
+            consumer_fence_first(rewind(), None),
+            EngineError::Txn(_)
+        ));
+        assert!(matches!(
+            consumer_fence_first(rewind(), Some(RDKafkaErrorCode::Fatal)),
+            EngineError::Txn(_)
+        ));
+        // A consumer error already says what it is.
+        assert!(matches!(
+            consumer_fence_first(
+                EngineError::ConsumerFatal(RDKafkaErrorCode::UnreleasedInstanceId),
+                fenced
+            ),
+            EngineError::ConsumerFatal(RDKafkaErrorCode::UnreleasedInstanceId)
+        ));
     }
 }
