@@ -5,6 +5,7 @@
 //! transactional calls themselves live in [`crate::txn`] and nowhere else.
 
 pub mod admin;
+pub mod batch;
 pub mod clients;
 pub mod embedded;
 pub mod read;

@@ -11,6 +11,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::Cluster;
+use super::batch::{BatchQueue, Polled};
 
 /// Why a topic could not be read to its end.
 #[derive(Debug, thiserror::Error)]
@@ -192,7 +193,7 @@ pub struct Split<'a> {
 pub fn read_ranges_split<S: Send, E: From<ReadError> + Send>(
     split: &Split<'_>,
     init: impl Fn() -> S + Sync,
-    each: impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E> + Sync,
+    each: impl Fn(&mut S, &Polled<'_>) -> Result<(), E> + Sync,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Vec<(S, Unfinished)>, E> {
     let shares = deal(split.ranges, split.threads);
@@ -231,7 +232,7 @@ fn read_share<S, E: From<ReadError>>(
     split: &Split<'_>,
     share: &BTreeMap<i32, (i64, i64)>,
     init: &impl Fn() -> S,
-    each: &impl Fn(&mut S, &BorrowedMessage<'_>) -> Result<(), E>,
+    each: &impl Fn(&mut S, &Polled<'_>) -> Result<(), E>,
     read: &AtomicU64,
 ) -> Result<(S, BTreeMap<i32, i64>), E> {
     let consumer = reader(split.cluster, split.group).map_err(ReadError::from)?;
@@ -274,7 +275,8 @@ fn deal(ranges: &BTreeMap<i32, (i64, i64)>, n: usize) -> Vec<BTreeMap<i32, (i64,
 }
 
 /// Reads `ranges` of `topic` (partition to `[start, end)`), calling `each` for every record
-/// in them, as fast as the consumer fetches. Returns the partitions it could not finish:
+/// in them, as fast as the consumer fetches (taken from its queue a batch at a time,
+/// [`BatchQueue`]). Returns the partitions it could not finish:
 /// those where nothing came for `idle` (under read_committed, a partition whose last stable
 /// offset is held back by an open transaction); the caller decides whether that is an error.
 pub fn read_ranges<E: From<ReadError>>(
@@ -282,7 +284,7 @@ pub fn read_ranges<E: From<ReadError>>(
     topic: &str,
     ranges: &BTreeMap<i32, (i64, i64)>,
     idle: Duration,
-    mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<(), E>,
+    mut each: impl FnMut(&Polled<'_>) -> Result<(), E>,
 ) -> Result<BTreeMap<i32, i64>, E> {
     let mut assign = TopicPartitionList::new();
     let mut pending = BTreeMap::new();
@@ -298,45 +300,62 @@ pub fn read_ranges<E: From<ReadError>>(
         return Ok(pending);
     }
     consumer.assign(&assign).map_err(ReadError::from)?;
+    let mut queue = BatchQueue::new(consumer).map_err(ReadError::from)?;
     let mut idle_since = Instant::now();
     // Whether a record came since the last empty poll: reading the clock once per record
     // cost more than the rest of this loop.
     let mut active = false;
-    let mut since_check = 0u32;
+    let mut since_check = 0usize;
     while !pending.is_empty() {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(msg)) => {
-                active = true;
+        let taken = queue
+            .poll(Duration::from_millis(100), |msg| {
                 let p = msg.partition();
                 if let Some(&end) = pending.get(&p) {
                     if msg.offset() < end {
-                        each(&msg)?;
+                        each(msg).map_err(Stop::Each)?;
                     }
                     if msg.offset() + 1 >= end {
                         pending.remove(&p);
                     }
                 }
-                since_check += 1;
-                // The end may be a transaction marker, never delivered: positions tell.
-                if since_check >= 10_000 {
-                    since_check = 0;
-                    drop_passed(consumer, &mut pending)?;
-                }
-            }
-            Some(Err(e)) => return Err(ReadError::from(e).into()),
-            None => {
+                Ok(())
+            })
+            .map_err(|stop| match stop {
+                Stop::Each(e) => e,
+                Stop::Kafka(e) => ReadError::from(e).into(),
+            })?;
+        if taken > 0 {
+            active = true;
+            since_check += taken;
+            // The end may be a transaction marker, never delivered: positions tell.
+            if since_check >= 10_000 {
+                since_check = 0;
                 drop_passed(consumer, &mut pending)?;
-                if active {
-                    // Silent for at most one poll since the last record.
-                    active = false;
-                    idle_since = Instant::now();
-                } else if idle_since.elapsed() > idle {
-                    break;
-                }
+            }
+        } else {
+            drop_passed(consumer, &mut pending)?;
+            if active {
+                // Silent for at most one poll since the last record.
+                active = false;
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() > idle {
+                break;
             }
         }
     }
     Ok(pending)
+}
+
+/// Why a batch of [`read_ranges`] stopped: its callback's error, or the consumer's.
+enum Stop<E> {
+    Each(E),
+    Kafka(KafkaError),
+}
+
+impl<E> From<KafkaError> for Stop<E> {
+    fn from(e: KafkaError) -> Self {
+        Stop::Kafka(e)
+    }
 }
 
 /// Removes from `pending` the partitions whose position is at or past their end.
@@ -393,7 +412,98 @@ pub fn read_one(
 
 #[cfg(test)]
 mod tests {
+    use rdkafka::error::RDKafkaErrorCode;
+    use rdkafka::message::{Header, Headers, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
     use super::*;
+    use crate::kafka::embedded::EmbeddedCluster;
+
+    /// Writes `n` records to each of `partitions` partitions of `topic`: key `p-i`, value
+    /// `v-i`, a header `n: i` on every other record, timestamp 1000 + i.
+    fn write(cluster: &Cluster, topic: &str, partitions: i32, n: i64) {
+        let producer: BaseProducer = cluster.config().set("linger.ms", "5").create().unwrap();
+        for p in 0..partitions {
+            for i in 0..n {
+                let (key, value, number) = (format!("{p}-{i}"), format!("v-{i}"), i.to_string());
+                let mut record = BaseRecord::to(topic)
+                    .partition(p)
+                    .key(&key)
+                    .payload(&value)
+                    .timestamp(1000 + i);
+                if i % 2 == 0 {
+                    record = record.headers(OwnedHeaders::new().insert(Header {
+                        key: "n",
+                        value: Some(number.as_bytes()),
+                    }));
+                }
+                while let Err((e, r)) = producer.send(record) {
+                    assert!(matches!(
+                        e,
+                        KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+                    ));
+                    producer.poll(Duration::from_millis(10));
+                    record = r;
+                }
+            }
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+    }
+
+    #[test]
+    fn ranges_are_read_a_batch_at_a_time_each_record_once_in_order_with_its_fields() {
+        let embedded = EmbeddedCluster::start(1).unwrap();
+        embedded.create_topic("t", 3).unwrap();
+        let cluster = Cluster::new(embedded.bootstrap_servers());
+        write(&cluster, "t", 3, 3000);
+        // Part of partition 0, all of 1 (more than a batch), none of 2.
+        let ranges: Ranges = [(0, (100, 1500)), (1, (0, 3000)), (2, (7, 7))]
+            .into_iter()
+            .collect();
+        let consumer = reader(&cluster, "t-readers").unwrap();
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        let unfinished = read_ranges(&consumer, "t", &ranges, Duration::from_secs(10), |msg| {
+            let (p, o) = (msg.partition(), msg.offset());
+            let expected = next.entry(p).or_insert(ranges[&p].0);
+            assert_eq!(o, *expected, "partition {p}: offsets in order, none twice");
+            *expected += 1;
+            assert_eq!(msg.topic(), "t");
+            assert_eq!(msg.key(), Some(format!("{p}-{o}").as_bytes()));
+            assert_eq!(msg.payload(), Some(format!("v-{o}").as_bytes()));
+            assert_eq!(msg.timestamp().to_millis(), Some(1000 + o));
+            let headers: Vec<(String, Vec<u8>)> = msg
+                .headers()
+                .map(|hs| {
+                    hs.iter()
+                        .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if o % 2 == 0 {
+                assert_eq!(headers, vec![("n".to_string(), o.to_string().into_bytes())]);
+            } else {
+                assert!(headers.is_empty());
+            }
+            Ok::<_, ReadError>(())
+        })
+        .unwrap();
+        assert!(unfinished.is_empty(), "{unfinished:?}");
+        assert_eq!(next, [(0, 1500), (1, 3000)].into_iter().collect());
+
+        // The callback's error ends the read, and is what the read returns.
+        let consumer = reader(&cluster, "t-readers").unwrap();
+        let mut seen = 0;
+        let stopped = read_ranges(&consumer, "t", &ranges, Duration::from_secs(10), |_| {
+            seen += 1;
+            if seen == 10 {
+                Err(ReadError::NoTopic("stop here".into()))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(matches!(stopped, Err(ReadError::NoTopic(m)) if m == "stop here"));
+        assert_eq!(seen, 10, "no record after the error");
+    }
 
     #[test]
     fn partitions_are_dealt_whole_and_balanced() {

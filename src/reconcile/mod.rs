@@ -33,19 +33,20 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::kafka::Cluster;
+use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
 use crate::lineage;
 use crate::sink::postgres::batch::{Mapping, Staged};
 use crate::sink::postgres::{self, PostgresError, sql};
 use crate::topology::{PostgresOutput, Target, Topology};
 use crate::transform::Pipeline;
-use counts::Counts;
+use counts::{Chunk, Counts, Slots};
 use tally::{Decision, Expected, PartitionTally, Verdict};
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
@@ -187,7 +188,7 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 struct Stream {
     report: StreamReport,
     /// Counts by input (index in `inputs`) and partition.
-    counts: HashMap<(usize, i32), Counts>,
+    counts: Slots<(usize, i32), Counts>,
     /// Reconcile markers read (not records of the stream).
     markers_seen: u64,
 }
@@ -204,14 +205,16 @@ impl Stream {
         r.before_range += o.before_range;
         self.markers_seen += other.markers_seen;
         for (key, counts) in other.counts {
-            self.counts.entry(key).or_default().merge(counts);
+            self.counts
+                .get_or_insert_with(key, Counts::default)
+                .merge(counts);
         }
     }
 }
 
 /// What one reader of an input makes of its share of the partitions.
 #[derive(Default)]
-struct InputShare {
+struct InputShare<'s> {
     /// Records read.
     read: u64,
     /// Tallies of its partitions, made as their first record comes.
@@ -220,6 +223,21 @@ struct InputShare {
     pending: Vec<Pending>,
     /// The pipeline's output buffer, reused from record to record.
     produced: Vec<(usize, crate::record::Record)>,
+    /// The partition of the last record, and the chunk of counts its offset falls in, of
+    /// every stream: the next records of the partition are counted without a look-up.
+    at: Option<i32>,
+    chunks: Vec<Chunk<'s>>,
+    /// What each stream holds of the record (the dead-letter stream's count set apart).
+    seen: Vec<u32>,
+}
+
+/// `each` as what reads an input: the share it fills holds chunks of the streams' counts,
+/// so its lifetime is theirs (a closure typed in place would take any share's).
+fn input_reader<'s, F>(each: F) -> F
+where
+    F: Fn(&mut InputShare<'s>, &Polled<'_>) -> Result<(), ReconcileError> + Sync,
+{
+    each
 }
 
 /// The consumer group of reconcile's readers (assigned partitions, never joined or
@@ -406,7 +424,7 @@ pub fn run(
         let base = read_so_far;
         let streams = &streams;
         let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
-        let each = |share: &mut InputShare, msg: &BorrowedMessage<'_>| {
+        let each = input_reader(|share, msg| {
             share.read += 1;
             let expected = expect(
                 pipeline,
@@ -416,22 +434,26 @@ pub fn run(
                 streams.len(),
                 &mut share.produced,
             );
-            let key = (input, msg.partition());
-            let seen: Vec<u32> = streams
-                .iter()
-                .map(|s| {
+            let (p, offset) = (msg.partition(), msg.offset());
+            if share.at != Some(p) || !share.chunks.first().is_some_and(|c| c.holds(offset)) {
+                share.chunks.clear();
+                share.chunks.extend(streams.iter().map(|s| {
                     s.counts
-                        .get(&key)
-                        .map_or(0, |c| u32::from(c.get(msg.offset())))
-                })
-                .collect();
-            let letters = seen[dead_letters];
-            let mut outputs_seen = seen;
-            outputs_seen[dead_letters] = 0;
+                        .get(&(input, p))
+                        .map_or(Chunk::empty(offset), |c| c.chunk(offset))
+                }));
+                share.at = Some(p);
+            }
+            share.seen.clear();
+            share
+                .seen
+                .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
+            let letters = std::mem::take(&mut share.seen[dead_letters]);
+            let outputs_seen = &share.seen;
             let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
             let verdict = match tally::decide_keyed(
                 &expected.expected,
-                &outputs_seen,
+                outputs_seen,
                 letters,
                 on_error,
                 &keyed,
@@ -444,24 +466,23 @@ pub fn run(
                         .filter(|(s, _)| streams.contains(s))
                         .collect();
                     share.pending.push(Pending {
-                        partition: msg.partition(),
-                        offset: msg.offset(),
+                        partition: p,
+                        offset,
                         ask,
                         if_absorbed: if_found,
                     });
                     return Ok(());
                 }
             };
-            let p = msg.partition();
             if let Some(&(from, to)) = ranges.get(&p) {
                 share
                     .tallies
                     .entry(p)
                     .or_insert_with(|| PartitionTally::new(topic, p, from, to))
-                    .count(msg.offset(), verdict);
+                    .count(offset, verdict);
             }
-            Ok::<_, ReconcileError>(())
-        };
+            Ok(())
+        });
         let split = read::Split {
             cluster,
             group: READER_GROUP,
@@ -517,7 +538,7 @@ fn stream(name: &str, kind: &'static str) -> Stream {
             kind,
             ..StreamReport::default()
         },
-        counts: HashMap::new(),
+        counts: Slots::default(),
         markers_seen: 0,
     }
 }
@@ -618,9 +639,10 @@ fn place(topic: &str, partition: i32, offset: i64, inputs: &[&str], ranges: &[Ra
 
 fn count_place(s: &mut Stream, where_: Place) {
     match where_ {
-        Place::In(input, partition, offset) => {
-            s.counts.entry((input, partition)).or_default().add(offset)
-        }
+        Place::In(input, partition, offset) => s
+            .counts
+            .get_or_insert_with((input, partition), Counts::default)
+            .add(offset),
         Place::Foreign => s.report.foreign += 1,
         Place::Before => s.report.before_range += 1,
         Place::Beyond => s.report.beyond_committed += 1,
@@ -628,7 +650,7 @@ fn count_place(s: &mut Stream, where_: Place) {
 }
 
 /// Counts the origin a record of a Kafka stream names.
-fn attribute(s: &mut Stream, msg: &BorrowedMessage<'_>, inputs: &[&str], ranges: &[Ranges]) {
+fn attribute(s: &mut Stream, msg: &Polled<'_>, inputs: &[&str], ranges: &[Ranges]) {
     let Some(headers) = msg.headers() else {
         s.report.records += 1;
         s.report.unattributed += 1;
@@ -666,7 +688,7 @@ struct Expectation {
 
 fn expect(
     pipeline: &Pipeline,
-    msg: &BorrowedMessage<'_>,
+    msg: &Polled<'_>,
     stream_of: &[Option<usize>],
     mappings: &[Option<(Mapping, bool)>],
     streams: usize,

@@ -19,7 +19,7 @@ use crate::telemetry;
 pub const MESSAGE_ID_HEADER: &str = "message-id";
 
 /// Where a consumed message came from.
-pub fn origin_of(msg: &BorrowedMessage<'_>) -> Origin {
+pub fn origin_of(msg: &impl Message) -> Origin {
     Origin {
         topic: msg.topic().to_string(),
         partition: msg.partition(),
@@ -33,7 +33,7 @@ pub fn consumed_bytes(msg: &BorrowedMessage<'_>) -> usize {
 }
 
 /// The record of a consumed message: key, value and headers copied once.
-pub fn to_record(msg: &BorrowedMessage<'_>) -> Record {
+pub fn to_record(msg: &impl Message) -> Record {
     let headers = msg
         .headers()
         .map(|hs| {
