@@ -53,8 +53,9 @@ impl<'c> BatchQueue<'c> {
 
     /// Waits up to `timeout` for records and calls `each` for every one taken, in the queue's
     /// order (each partition's in offset order). Returns how many were taken (0 when none came
-    /// in time). A consumer error ends the batch: the records after it are freed unread and
-    /// come again from the consumer's position, which stands after the last record returned.
+    /// in time). A consumer error, or an error of `each`, ends the batch and is returned: the
+    /// records after it are freed unread, and the consumer's position has passed them, so a
+    /// caller that goes on must seek back first (the readers here stop).
     pub fn poll<E: From<KafkaError>>(
         &mut self,
         timeout: Duration,
