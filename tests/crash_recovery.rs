@@ -60,11 +60,13 @@ fn sigkilled_job_with_overlapped_commits_restarts_without_loss_or_duplicates() {
 fn sigkilled_and_restarted(name: &str, runtime: &str) {
     let s = setup(name, 0, &format!("  max_records_per_txn: 1000\n{runtime}"));
     let ids: BTreeSet<u64> = (0..100_000).collect();
-    // Records arrive over ~25 s, so the job cannot be done before it was killed a few times.
+    // Records arrive over ~50 s, so the job cannot be done before it was killed a few times,
+    // even where each restart takes 10 s or more (at 4,000/s over 25 s, two slow restarts
+    // on a loaded machine let the feed end before the third kill).
     let feeder = {
         let input = s.input.clone();
         let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(4_000)))
+        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(2_000)))
     };
     let mut rng = rand::rng();
     let mut kills_mid_run = 0;
