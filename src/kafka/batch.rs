@@ -90,10 +90,7 @@ impl<'c> BatchQueue<'c> {
                 outcome = Err(KafkaError::MessageConsumption(raw.err.into()).into());
                 continue;
             }
-            if let Err(e) = each(&Polled {
-                raw,
-                _batch: PhantomData,
-            }) {
+            if let Err(e) = each(&Polled { raw }) {
                 outcome = Err(e);
             }
         }
@@ -121,7 +118,6 @@ impl Drop for Owned {
 /// One consumed record of a batch, valid during its callback.
 pub struct Polled<'a> {
     raw: &'a rdsys::rd_kafka_message_t,
-    _batch: PhantomData<&'a ()>,
 }
 
 /// Bytes at `ptr`, or `None` for a null pointer.
