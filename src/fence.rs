@@ -18,36 +18,78 @@
 //! Only the first is a reason to stop, and it is settled elsewhere: a process frozen past its
 //! session timeout (the zombie, the only way an old incarnation comes back) ends itself the
 //! moment it runs again ([`crate::supervise`]). What is left of the first cause is two live
-//! processes sharing an id by mistake, which take it from each other every few seconds. So a
-//! fence is recovered from (the consumer joins again, the producer is rebuilt with the same
-//! `transactional.id`) unless the previous one was less than [`FENCE_WINDOW`] ago: the
-//! failovers are cured, and of two live processes sharing an id the one fenced twice in a row
-//! stops, with status 1, naming the id.
+//! processes sharing an id by mistake, which take it from each other every few seconds.
+//!
+//! One identity decides, so that exactly one of two such processes stops: the consumer's.
+//! Static membership lets one member hold a `group.instance.id` at a time, and a member takes
+//! it only by joining, so the takeovers form one chain: B joins (A fenced once), A joins again
+//! (B fenced once), B joins again (A fenced twice: A stops). A consumer fence is recovered
+//! from (this incarnation ends, a new one joins) unless the previous one was less than
+//! [`FENCE_WINDOW`] ago ([`CONSUMER_FENCES`]). The producer's fences do not take part: every
+//! join brings a new producer with it (a new incarnation) and every rebuild fences the other
+//! producer, so counted the same way one takeover would fence the survivor twice and could
+//! stop both. A fenced producer is rebuilt after [`REBUILD_AFTER_FENCE`], up to
+//! [`PRODUCER_FENCES`] times a window: a bound for a process whose consumer keeps its
+//! membership while another takes the transactional.id (under KIP-848 a second member with
+//! the id is refused, UNRELEASED_INSTANCE_ID, and its retries fence the producer of the
+//! first), not the tie-breaker.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// The shortest time between two fences that are both recovered from. Two live processes
-/// sharing an id fence each other within seconds (a rejoin fences the other member at its
-/// next heartbeat or commit; a rebuilt producer fences the other at its next transactional
-/// call); two broker failovers are minutes apart.
+/// The span over which fences are counted. Two live processes sharing an id fence each other
+/// within seconds (a rejoin fences the other member at its next heartbeat or commit; a
+/// rebuilt producer fences the other at its next transactional call); two broker failovers
+/// are minutes apart.
 pub const FENCE_WINDOW: Duration = Duration::from_secs(30);
+
+/// Consumer fences recovered from within one [`FENCE_WINDOW`]: one, the tie-breaker.
+pub const CONSUMER_FENCES: usize = 1;
+
+/// Producer fences recovered from within one [`FENCE_WINDOW`]. A takeover of the consumer's
+/// membership ends in a few seconds with one process left, fencing the other's producer a
+/// few times meanwhile (at most one rebuild a [`REBUILD_AFTER_FENCE`]); a process whose
+/// producer is fenced every few seconds while its membership stands (a second process
+/// refused the membership and retrying) stops after this many.
+pub const PRODUCER_FENCES: usize = 6;
+
+/// How long a fenced producer waits before it is rebuilt: the consumer's fence, which
+/// decides, arrives meanwhile (at the next commit's TxnOffsetCommit), and two processes
+/// rebuilding in turn fence each other at most once a second.
+pub const REBUILD_AFTER_FENCE: Duration = Duration::from_secs(1);
 
 /// The fences of one identity (the consumer's instance id, or the producer's
 /// transactional.id) in the life of the process.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fences {
-    /// When the last fence recovered from happened.
-    last: Option<Instant>,
+    /// How many fences a window may hold and all be recovered from.
+    limit: usize,
+    /// When the fences recovered from within the last window happened, oldest first.
+    recent: VecDeque<Instant>,
 }
 
 impl Fences {
-    /// Whether a fence seen at `now` may be recovered from; if so, counts it.
+    /// Fences of which `limit` within one [`FENCE_WINDOW`] are recovered from.
+    pub fn at_most(limit: usize) -> Fences {
+        Fences {
+            limit,
+            recent: VecDeque::with_capacity(limit),
+        }
+    }
+
+    /// Whether a fence seen at `now` may be recovered from; if so, counts it. A fence refused
+    /// is not counted.
     pub fn recover(&mut self, now: Instant) -> bool {
-        let allowed = self
-            .last
-            .is_none_or(|last| now.saturating_duration_since(last) >= FENCE_WINDOW);
+        while self
+            .recent
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) >= FENCE_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        let allowed = self.recent.len() < self.limit;
         if allowed {
-            self.last = Some(now);
+            self.recent.push_back(now);
         }
         allowed
     }
@@ -60,7 +102,7 @@ mod tests {
     #[test]
     fn fences_far_apart_are_all_recovered_from() {
         let start = Instant::now();
-        let mut f = Fences::default();
+        let mut f = Fences::at_most(CONSUMER_FENCES);
         assert!(f.recover(start), "the first fence");
         assert!(f.recover(start + FENCE_WINDOW), "one window later");
         assert!(
@@ -72,7 +114,7 @@ mod tests {
     #[test]
     fn a_fence_within_the_window_of_the_last_one_stops() {
         let start = Instant::now();
-        let mut f = Fences::default();
+        let mut f = Fences::at_most(CONSUMER_FENCES);
         assert!(f.recover(start));
         assert!(
             !f.recover(start + Duration::from_secs(3)),
@@ -84,12 +126,26 @@ mod tests {
     #[test]
     fn a_refused_fence_does_not_move_the_window() {
         let start = Instant::now();
-        let mut f = Fences::default();
+        let mut f = Fences::at_most(CONSUMER_FENCES);
         assert!(f.recover(start));
         assert!(!f.recover(start + Duration::from_secs(20)));
         assert!(
             f.recover(start + FENCE_WINDOW),
             "counted from the last fence recovered from"
         );
+    }
+
+    #[test]
+    fn a_larger_limit_recovers_that_many_fences_a_window() {
+        let start = Instant::now();
+        let mut f = Fences::at_most(3);
+        let s = Duration::from_secs;
+        assert!(f.recover(start));
+        assert!(f.recover(start + s(2)));
+        assert!(f.recover(start + s(4)));
+        assert!(!f.recover(start + s(6)), "a fourth within the window");
+        assert!(f.recover(start + s(30)), "the first has left the window");
+        assert!(!f.recover(start + s(31)));
+        assert!(f.recover(start + s(34)), "so have the second and the third");
     }
 }

@@ -162,7 +162,7 @@ pub fn run(
     // FENCED_INSTANCE_ID comes from a member that joined with this instance's id (a woken
     // zombie whose stall watch has not ended it yet, gone a moment later) or from a failover
     // of the group coordinator (this member's own rejoin): join again, as crate::fence says.
-    let mut fences = Fences::default();
+    let mut fences = Fences::at_most(crate::fence::CONSUMER_FENCES);
     loop {
         let mut consumed = 0;
         match run_once(topology, identity, options, shutdown, &mut consumed) {
@@ -263,11 +263,16 @@ fn run_once(
 
 /// An error met after the consumer was fenced is that fence, whatever call met it (a
 /// rewind's offset fetch, refused with librdkafka's "Erroneous state", says nothing of it):
-/// the fence rule of [`run`] then decides, as for a fence the loop's poll reports.
+/// the fence rule of [`run`] then decides, as for a fence the loop's poll reports. So does a
+/// commit whose TxnOffsetCommit was refused because another member took the membership,
+/// which the consumer itself learns only at its next heartbeat.
 fn consumer_fence_first(e: EngineError, consumer_fatal: Option<RDKafkaErrorCode>) -> EngineError {
     match (consumer_fatal, &e) {
         (_, EngineError::ConsumerFatal(_)) => e,
-        (Some(code @ RDKafkaErrorCode::FencedInstanceId), _) => EngineError::ConsumerFatal(code),
+        (Some(RDKafkaErrorCode::FencedInstanceId), _)
+        | (_, EngineError::Txn(TxnError::MemberFenced { .. })) => {
+            EngineError::ConsumerFatal(RDKafkaErrorCode::FencedInstanceId)
+        }
         _ => e,
     }
 }
@@ -849,6 +854,16 @@ mod tests {
                 fenced
             ),
             EngineError::ConsumerFatal(RDKafkaErrorCode::UnreleasedInstanceId)
+        ));
+        // A commit refused for the membership is that fence before the consumer knows it.
+        let refused = || {
+            EngineError::Txn(TxnError::MemberFenced {
+                error: KafkaError::Global(RDKafkaErrorCode::FencedInstanceId),
+            })
+        };
+        assert!(matches!(
+            consumer_fence_first(refused(), None),
+            EngineError::ConsumerFatal(RDKafkaErrorCode::FencedInstanceId)
         ));
     }
 }

@@ -15,8 +15,13 @@ pub enum TxnAction {
     /// carry on: nothing of the aborted transaction is visible to read_committed readers.
     AbortAndRewind,
     /// The producer is unusable (fenced by a newer instance with the same transactional.id,
-    /// or a fatal idempotence error): rebuild it once, exit if it happens again.
+    /// or a fatal idempotence error): rebuild it, as [`super::producer::Rebuilds`] allows.
     Fatal,
+    /// The consumer's membership was taken by a member with the same `group.instance.id`
+    /// (`FENCED_INSTANCE_ID` answering TxnOffsetCommit, an abortable error in librdkafka: the
+    /// producer is sound). Abort, and end this incarnation of the job: the fence rule of
+    /// [`crate::engine`] decides whether it joins again ([`crate::fence`]).
+    Rejoin,
 }
 
 /// What an error says about itself, stripped of client types.
@@ -24,18 +29,25 @@ pub enum TxnAction {
 pub struct ErrorTraits {
     /// The producer instance can no longer be used.
     pub fatal: bool,
-    /// Another producer with the same transactional.id (or group.instance.id) took over.
+    /// Another producer with the same transactional.id took over, or the coordinator bumped
+    /// the producer's epoch.
     pub fenced: bool,
+    /// Another consumer with the same group.instance.id took the membership.
+    pub member_fenced: bool,
     /// The transaction cannot commit and must be aborted.
     pub requires_abort: bool,
     /// The same call may succeed if made again.
     pub retriable: bool,
 }
 
-/// Decides what to do; fatal wins over abort, abort over retry. An error that says nothing
-/// of itself aborts: the safe choice, since an abort loses nothing.
+/// Decides what to do; a lost membership wins over everything (the incarnation ends, and a
+/// producer rebuilt first would only fence the other member's), fatal over abort, abort over
+/// retry. An error that says nothing of itself aborts: the safe choice, since an abort loses
+/// nothing.
 pub fn classify(traits: ErrorTraits) -> TxnAction {
-    if traits.fatal || traits.fenced {
+    if traits.member_fenced {
+        TxnAction::Rejoin
+    } else if traits.fatal || traits.fenced {
         TxnAction::Fatal
     } else if traits.requires_abort {
         TxnAction::AbortAndRewind
@@ -46,14 +58,15 @@ pub fn classify(traits: ErrorTraits) -> TxnAction {
     }
 }
 
-/// Error codes that mean another instance owns our identity now.
+/// Error codes that mean the producer's identity (its transactional.id and epoch) is no
+/// longer its own. `FENCED_INSTANCE_ID` is not one: it is the consumer's identity, and says
+/// nothing of the producer ([`TxnAction::Rejoin`]).
 pub fn is_fencing_code(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::ProducerFenced
             | RDKafkaErrorCode::Fenced
             | RDKafkaErrorCode::InvalidProducerEpoch
-            | RDKafkaErrorCode::FencedInstanceId
             | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
     )
 }
@@ -65,6 +78,7 @@ pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
         KafkaError::Transaction(e) => ErrorTraits {
             fatal: producer_fatal || e.is_fatal(),
             fenced: is_fencing_code(e.code()),
+            member_fenced: e.code() == RDKafkaErrorCode::FencedInstanceId,
             requires_abort: e.txn_requires_abort(),
             retriable: may_call_again(e.code(), e.is_retriable()),
         },
@@ -73,6 +87,7 @@ pub fn traits_of(err: &KafkaError, producer_fatal: bool) -> ErrorTraits {
             ErrorTraits {
                 fatal: producer_fatal || code == Some(RDKafkaErrorCode::Fatal),
                 fenced: code.is_some_and(is_fencing_code),
+                member_fenced: code == Some(RDKafkaErrorCode::FencedInstanceId),
                 // A failed delivery, a flush that timed out, a missing group metadata: the
                 // transaction cannot be committed as it is.
                 requires_abort: true,
@@ -120,6 +135,7 @@ mod tests {
         ErrorTraits {
             fatal,
             fenced,
+            member_fenced: false,
             requires_abort,
             retriable,
         }
@@ -128,9 +144,14 @@ mod tests {
     #[test]
     fn every_combination_of_traits_has_the_expected_action() {
         use TxnAction::*;
-        for bits in 0u8..16 {
-            let traits = t(bits & 1 != 0, bits & 2 != 0, bits & 4 != 0, bits & 8 != 0);
-            let expected = if traits.fatal || traits.fenced {
+        for bits in 0u8..32 {
+            let traits = ErrorTraits {
+                member_fenced: bits & 16 != 0,
+                ..t(bits & 1 != 0, bits & 2 != 0, bits & 4 != 0, bits & 8 != 0)
+            };
+            let expected = if traits.member_fenced {
+                Rejoin
+            } else if traits.fatal || traits.fenced {
                 Fatal
             } else if traits.requires_abort || !traits.retriable {
                 AbortAndRewind
@@ -187,7 +208,6 @@ mod tests {
             RDKafkaErrorCode::ProducerFenced,
             RDKafkaErrorCode::Fenced,
             RDKafkaErrorCode::InvalidProducerEpoch,
-            RDKafkaErrorCode::FencedInstanceId,
         ] {
             let err = KafkaError::MessageProduction(code);
             assert_eq!(
@@ -199,6 +219,21 @@ mod tests {
         assert!(!is_fencing_code(
             RDKafkaErrorCode::CoordinatorLoadInProgress
         ));
+    }
+
+    /// librdkafka answers a TxnOffsetCommit refused with FENCED_INSTANCE_ID with an abortable
+    /// error (rdkafka_txnmgr.c, rd_kafka_txn_handle_TxnOffsetCommit): the consumer's
+    /// membership is gone, the producer is sound. Counted as a producer fence, one takeover by
+    /// another process would count twice (this and the other's producer) and could stop both.
+    #[test]
+    fn a_membership_taken_by_another_member_ends_the_incarnation_and_is_not_a_producer_fence() {
+        let err = KafkaError::Global(RDKafkaErrorCode::FencedInstanceId);
+        let traits = traits_of(&err, false);
+        assert!(!traits.fenced && traits.member_fenced, "{traits:?}");
+        assert_eq!(classify(traits), TxnAction::Rejoin);
+        let err = KafkaError::MessageProduction(RDKafkaErrorCode::FencedInstanceId);
+        assert_eq!(classify(traits_of(&err, true)), TxnAction::Rejoin);
+        assert!(!is_fencing_code(RDKafkaErrorCode::FencedInstanceId));
     }
 
     #[test]

@@ -792,6 +792,12 @@ impl Txn {
                 self.abort_and_rewind(consumer, reason, &err.to_string())
             }
             TxnAction::Fatal => self.rebuild(consumer, err),
+            TxnAction::Rejoin => {
+                // The incarnation ends: what the rewind cannot do on a consumer without its
+                // membership, the next incarnation's consumer does from the committed offsets.
+                let _ = self.abort_and_rewind(consumer, reason, &err.to_string());
+                Err(TxnError::MemberFenced { error: err })
+            }
         }
     }
 
@@ -1315,6 +1321,9 @@ mod tests {
 
     /// EndTxn: the request behind commit_transaction.
     const END_TXN: i16 = 26;
+    /// TxnOffsetCommit: the request behind send_offsets_to_transaction, to the group
+    /// coordinator.
+    const TXN_OFFSET_COMMIT: i16 = 28;
 
     #[test]
     fn a_fatal_commit_is_cured_by_a_rebuild_each_time_the_rebuilt_producer_committed_since() {
@@ -1339,7 +1348,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fence_is_cured_by_a_rebuild_and_a_second_one_within_the_window_stops_the_job() {
+    fn fences_are_cured_by_rebuilds_and_one_past_the_windows_limit_stops_the_job() {
         use rdkafka_sys::rd_kafka_resp_err_t::*;
         let mut f = fixture(None);
         add(&mut f, &origin(0, 0));
@@ -1350,12 +1359,49 @@ mod tests {
         add(&mut f, &origin(0, 0));
         assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
         assert_eq!(f.txn.stats().producer_rebuilds, 1);
+        // The rest of the window's fences, without a commit in between (another producer
+        // taking the id in turn while the consumer's rule settles who keeps it).
+        for _ in 1..crate::fence::PRODUCER_FENCES {
+            add(&mut f, &origin(0, 1));
+            f.cluster
+                .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_PRODUCER_FENCED])
+                .unwrap();
+            assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        }
+        assert_eq!(
+            f.txn.stats().producer_rebuilds,
+            crate::fence::PRODUCER_FENCES as u64
+        );
         add(&mut f, &origin(0, 1));
         f.cluster
             .push_request_errors(END_TXN, &[RD_KAFKA_RESP_ERR_PRODUCER_FENCED])
             .unwrap();
-        let err = f.txn.commit(&f.consumer).expect_err("fenced again at once");
+        let err = f
+            .txn
+            .commit(&f.consumer)
+            .expect_err("fenced once too often");
         assert!(matches!(err, TxnError::FencedAgain { .. }), "{err}");
+    }
+
+    /// TxnOffsetCommit refused with FENCED_INSTANCE_ID: another member took the consumer's
+    /// membership. The transaction is aborted, the producer is not rebuilt (it was not
+    /// fenced), and the error says so, for the engine's consumer rule.
+    #[test]
+    fn a_commit_refused_for_the_membership_aborts_and_ends_the_incarnation() {
+        use rdkafka_sys::rd_kafka_resp_err_t::*;
+        let mut f = fixture(None);
+        add(&mut f, &origin(0, 0));
+        f.cluster
+            .push_request_errors(TXN_OFFSET_COMMIT, &[RD_KAFKA_RESP_ERR_FENCED_INSTANCE_ID])
+            .unwrap();
+        let err = f
+            .txn
+            .commit(&f.consumer)
+            .expect_err("the membership is gone");
+        assert!(matches!(err, TxnError::MemberFenced { .. }), "{err}");
+        assert_eq!(f.txn.stats().producer_rebuilds, 0);
+        assert_eq!(f.txn.stats().aborted, 1);
+        assert!(!f.txn.is_open());
     }
 
     const OUT: &str = "out";

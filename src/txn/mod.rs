@@ -72,10 +72,15 @@ pub enum TxnError {
     #[error("producer failed fatally again, before committing since it was rebuilt: {error}")]
     FatalAgain { error: KafkaError },
     #[error(
-        "producer fenced again within {}s of its last fence: does another running process use the same transactional.id? {error}",
+        "producer fenced more than {} times within {}s: does another running process use the same transactional.id? {error}",
+        crate::fence::PRODUCER_FENCES,
         crate::fence::FENCE_WINDOW.as_secs()
     )]
     FencedAgain { error: KafkaError },
+    /// The consumer's membership was taken by a member with the same group.instance.id
+    /// (TxnOffsetCommit refused with FENCED_INSTANCE_ID); the transaction was aborted.
+    #[error("the consumer's group.instance.id was taken by another member: {error}")]
+    MemberFenced { error: KafkaError },
     #[error("cannot rewind ({what}): {error}")]
     Rewind { what: String, error: KafkaError },
     /// A participant failed in a way no retry or abort cures.

@@ -35,12 +35,23 @@ pub(super) type Client = BaseProducer<DeliveryTracker>;
 /// proved itself by committing a transaction in between. A producer failing again before any
 /// commit cannot be cured by rebuilding: the job stops. A fence (another producer took the
 /// transactional.id, or the coordinator bumped the epoch itself) is rebuilt from as
-/// [`Fences`] allows: not within [`crate::fence::FENCE_WINDOW`] of the last one.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// [`Fences`] allows, [`crate::fence::PRODUCER_FENCES`] a window, committed in between or
+/// not: two processes sharing an id fence each other's producers in turn until the
+/// consumer's rule ([`crate::fence`]) has stopped one of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Rebuilds {
     /// The producer was rebuilt and has not committed since.
     unproven: bool,
     fences: Fences,
+}
+
+impl Default for Rebuilds {
+    fn default() -> Rebuilds {
+        Rebuilds {
+            unproven: false,
+            fences: Fences::at_most(crate::fence::PRODUCER_FENCES),
+        }
+    }
 }
 
 /// Why a producer that failed fatally may not be rebuilt.
@@ -48,7 +59,7 @@ pub(super) struct Rebuilds {
 pub(super) enum Refused {
     /// It failed again before committing since its last rebuild.
     Unproven,
-    /// It was fenced within the fence window of its last fence.
+    /// It was fenced more often than the fence window allows.
     FencedAgain,
 }
 
@@ -56,10 +67,11 @@ impl Rebuilds {
     /// Whether a producer that failed fatally (`fenced` or not) at `now` may be rebuilt; if
     /// so, counts the rebuild.
     pub fn allow(&mut self, fenced: bool, now: Instant) -> Result<(), Refused> {
-        if fenced && !self.fences.recover(now) {
-            return Err(Refused::FencedAgain);
-        }
-        if self.unproven {
+        if fenced {
+            if !self.fences.recover(now) {
+                return Err(Refused::FencedAgain);
+            }
+        } else if self.unproven {
             return Err(Refused::Unproven);
         }
         self.unproven = true;
@@ -181,6 +193,9 @@ impl Producer {
             Err(Refused::FencedAgain) => return Err(TxnError::FencedAgain { error: err }),
         }
         telemetry::producer_rebuilt(&err, fenced);
+        if fenced {
+            std::thread::sleep(crate::fence::REBUILD_AFTER_FENCE);
+        }
         self.calls
             .client
             .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
@@ -276,7 +291,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::{Rebuilds, Refused};
-    use crate::fence::FENCE_WINDOW;
+    use crate::fence::{FENCE_WINDOW, PRODUCER_FENCES};
 
     #[test]
     fn a_producer_is_rebuilt_again_only_after_it_committed() {
@@ -299,40 +314,38 @@ mod tests {
     }
 
     #[test]
-    fn fences_are_rebuilt_from_unless_one_follows_another_within_the_window() {
+    fn fences_are_rebuilt_from_up_to_the_windows_limit_committed_in_between_or_not() {
         let start = Instant::now();
+        let s = Duration::from_secs;
         let mut r = Rebuilds::default();
-        assert_eq!(r.allow(true, start), Ok(()));
-        r.committed();
+        for i in 0..PRODUCER_FENCES {
+            assert_eq!(
+                r.allow(true, start + s(i as u64)),
+                Ok(()),
+                "fence {i}: rebuilt without a commit in between"
+            );
+        }
         assert_eq!(
-            r.allow(true, start + Duration::from_secs(2)),
+            r.allow(true, start + s(PRODUCER_FENCES as u64)),
             Err(Refused::FencedAgain),
-            "two live producers taking the id from each other: this one stops"
+            "fenced every second while the membership stands: this one stops"
         );
         assert_eq!(
-            r.allow(false, start + Duration::from_secs(2)),
-            Ok(()),
-            "other fatal errors are still cured"
-        );
-        r.committed();
-        assert_eq!(
-            r.allow(true, start + FENCE_WINDOW + Duration::from_secs(40)),
+            r.allow(true, start + FENCE_WINDOW + s(40)),
             Ok(()),
             "a broker failover a minute later is cured"
         );
+        // A failure that is not a fence, before the producer rebuilt after a fence has
+        // committed, is not cured by rebuilding again.
+        assert_eq!(
+            r.allow(false, start + FENCE_WINDOW + s(41)),
+            Err(Refused::Unproven)
+        );
+        r.committed();
+        assert_eq!(r.allow(false, start + FENCE_WINDOW + s(42)), Ok(()));
+        // A fence, even before a producer rebuilt for another fatal error has committed.
         let mut r = Rebuilds::default();
         assert_eq!(r.allow(false, start), Ok(()));
-        assert_eq!(
-            r.allow(true, start + FENCE_WINDOW * 2),
-            Err(Refused::Unproven),
-            "nor before the rebuilt producer committed"
-        );
-        let mut r = Rebuilds::default();
-        assert_eq!(r.allow(true, start), Ok(()));
-        assert_eq!(
-            r.allow(true, start + Duration::from_secs(1)),
-            Err(Refused::FencedAgain),
-            "a rebuilt producer fenced before it could commit is told as a fence"
-        );
+        assert_eq!(r.allow(true, start + s(1)), Ok(()));
     }
 }
