@@ -793,9 +793,7 @@ impl Txn {
             }
             TxnAction::Fatal => self.rebuild(consumer, err),
             TxnAction::Rejoin => {
-                // The incarnation ends: what the rewind cannot do on a consumer without its
-                // membership, the next incarnation's consumer does from the committed offsets.
-                let _ = self.abort_and_rewind(consumer, reason, &err.to_string());
+                self.abort_for_rejoin(consumer, reason, &err.to_string());
                 Err(TxnError::MemberFenced { error: err })
             }
         }
@@ -836,6 +834,33 @@ impl Txn {
         self.rewind(consumer)?;
         self.reset();
         Ok(())
+    }
+
+    /// Aborts the open transaction of an incarnation that ends because another member took
+    /// the consumer's membership, best effort and without a rewind (the next incarnation's
+    /// consumer starts from the committed offsets) and never by a rebuild: a new producer
+    /// would fence the other member's. Whatever fails, the transaction is closed, so the
+    /// stop does not abort it again.
+    fn abort_for_rejoin<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        reason: AbortReason,
+        detail: &str,
+    ) {
+        if matches!(self.settle(consumer, Keep::Nothing), Ok(Committed::Aborted)) {
+            self.reset();
+            return;
+        }
+        if self.open {
+            let client = self.producer.client();
+            let _ = collector::drain(client, self.settings.operation_timeout);
+            let _ = client.context().take_error();
+            if self.producer.abort().is_ok() {
+                self.stats.aborted += 1;
+                telemetry::txn_aborted(reason.as_str(), detail, self.records);
+            }
+        }
+        self.reset();
     }
 
     /// Replaces a producer that failed fatally (as [`super::producer::Rebuilds`] allows), and
