@@ -1,8 +1,10 @@
-//! When a fenced consumer joins again and a fenced producer is rebuilt: one rule for both.
+//! When a fenced consumer joins again and a fenced producer is rebuilt: the consumer's rule
+//! decides which of two processes sharing an id stops, the producer's only bounds rebuilds.
 //!
 //! A fence does not say who caused it. The codes (`FENCED_INSTANCE_ID` for the consumer;
 //! `PRODUCER_FENCED`, `INVALID_PRODUCER_EPOCH` and librdkafka's local `_FENCED` for the
-//! producer, all flagged fatal by librdkafka) come back alike from three causes:
+//! producer, all fatal to the client that meets them; `FENCED_INSTANCE_ID` answering a
+//! TxnOffsetCommit is only abortable to the producer) come back alike from three causes:
 //!
 //! - another live process took the identity (a second instance started with the same id, or
 //!   the replacement of a frozen one): the one case where the fenced process should yield;
@@ -53,13 +55,13 @@ pub const CONSUMER_FENCES: usize = 1;
 /// refused the membership and retrying) stops after this many.
 pub const PRODUCER_FENCES: usize = 6;
 
-/// How long a fenced producer waits before it is rebuilt: the consumer's fence, which
-/// decides, arrives meanwhile (at the next commit's TxnOffsetCommit), and two processes
-/// rebuilding in turn fence each other at most once a second.
+/// How long a fenced producer waits before it is rebuilt: two processes rebuilding in turn
+/// fence each other at most once a second, so the consumer's fence, which decides (at the
+/// next heartbeat, or the next commit's TxnOffsetCommit), comes within a few rebuilds.
 pub const REBUILD_AFTER_FENCE: Duration = Duration::from_secs(1);
 
-/// The fences of one identity (the consumer's instance id, or the producer's
-/// transactional.id) in the life of the process.
+/// The fences of one identity: the consumer's instance id over the life of the process, or
+/// the producer's transactional.id over one incarnation (its producer and rebuilds).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fences {
     /// How many fences a window may hold and all be recovered from.

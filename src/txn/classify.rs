@@ -1,7 +1,7 @@
 //! The one place that decides what a transaction error means.
 //!
 //! [`classify`] is a pure function of [`ErrorTraits`], which [`traits_of`] reads off a client
-//! error, so every branch is unit-tested without a broker. The three outcomes follow Kafka
+//! error, so every branch is unit-tested without a broker. The four outcomes follow Kafka
 //! Streams and librdkafka's own flags (`is_retriable`, `txn_requires_abort`, `is_fatal`).
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};

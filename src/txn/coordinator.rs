@@ -813,26 +813,32 @@ impl Txn {
         if self.settle(consumer, Keep::Nothing)? == Committed::Aborted {
             return Ok(());
         }
-        if self.open {
-            let client = self.producer.client();
-            let timeout = self.settings.operation_timeout;
-            // abort_transaction waits for the queue to empty, but on this producer only our
-            // polling serves delivery reports: let in-flight records finish first. Purging
-            // them instead races with librdkafka's own registration of their partitions
-            // (the broker then refuses the abort with INVALID_TXN_STATE).
-            if collector::drain(client, timeout).is_err() {
-                client.purge(rdkafka::producer::PurgeConfig::default().queue());
-                let _ = collector::drain(client, timeout);
-            }
-            let _ = client.context().take_error();
-            if let Err(err) = self.producer.abort() {
-                return self.rebuild(consumer, err);
-            }
-            self.stats.aborted += 1;
-            telemetry::txn_aborted(reason.as_str(), detail, self.records);
+        if self.open
+            && let Err(err) = self.abort_open(reason, detail)
+        {
+            return self.rebuild(consumer, err);
         }
         self.rewind(consumer)?;
         self.reset();
+        Ok(())
+    }
+
+    /// Aborts the open transaction on the producer, its deliveries settled first.
+    fn abort_open(&mut self, reason: AbortReason, detail: &str) -> KafkaResult<()> {
+        let client = self.producer.client();
+        let timeout = self.settings.operation_timeout;
+        // abort_transaction waits for the queue to empty, but on this producer only our
+        // polling serves delivery reports: let in-flight records finish first. Purging
+        // them instead races with librdkafka's own registration of their partitions
+        // (the broker then refuses the abort with INVALID_TXN_STATE).
+        if collector::drain(client, timeout).is_err() {
+            client.purge(rdkafka::producer::PurgeConfig::default().queue());
+            let _ = collector::drain(client, timeout);
+        }
+        let _ = client.context().take_error();
+        self.producer.abort()?;
+        self.stats.aborted += 1;
+        telemetry::txn_aborted(reason.as_str(), detail, self.records);
         Ok(())
     }
 
@@ -852,13 +858,7 @@ impl Txn {
             return;
         }
         if self.open {
-            let client = self.producer.client();
-            let _ = collector::drain(client, self.settings.operation_timeout);
-            let _ = client.context().take_error();
-            if self.producer.abort().is_ok() {
-                self.stats.aborted += 1;
-                telemetry::txn_aborted(reason.as_str(), detail, self.records);
-            }
+            let _ = self.abort_open(reason, detail);
         }
         self.reset();
     }

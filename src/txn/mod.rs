@@ -9,7 +9,8 @@
 //! * [`coordinator`]: the transaction's state ([`Txn`]): lazy begin, when it is due, the
 //!   commit order (participants, then Kafka), abort and rewind, refused records.
 //! * [`participant`]: the trait of outputs outside Kafka that commit with it.
-//! * [`classify`]: what an error means (retry, abort and rewind, or fatal), pure.
+//! * [`classify`]: what an error means (retry, abort and rewind, fatal, or the consumer's
+//!   membership lost), pure.
 //! * [`offsets`]: the offsets a transaction commits (last processed + 1).
 
 pub mod classify;
