@@ -4,8 +4,10 @@
 //! For every partition count the bench first sizes the input from a short probe (a few
 //! seconds of producing, then of reading and writing it back), so that the fastest mode
 //! needs at least `warmup + measure` seconds for it, and preloads that many records of S
-//! bytes into a fresh input topic. Then it runs the modes in interleaved rounds (A B C A B C
-//! ...), each cell with a fresh output topic and consumer group:
+//! bytes into a fresh input topic; a cell that runs faster than the probe foresaw (and so
+//! ran out of input early: marked short) has the input topped up to its own rate before the
+//! next cell. Then it runs the modes in interleaved rounds (A B C A B C ...), each cell with
+//! a fresh output topic and consumer group:
 //!
 //! * **produce-only**: a child process writes N records to a fresh topic with an idempotent
 //!   producer tuned like the pipelines' (the broker's produce ceiling);
@@ -669,6 +671,21 @@ const SIZING_SECS: f64 = 3.0;
 /// How much more than the probe's rate the input is sized for (the probe itself is noisy,
 /// and the quickest mode of a shared machine's quiet minute beats it).
 const SIZING_MARGIN: f64 = 1.6;
+/// The records a mode running at `rate` needs for its warm-up and window, with the margin.
+fn input_for(rate: f64, cfg: &BenchConfig) -> f64 {
+    rate * (cfg.warmup_secs + cfg.measure_secs) * SIZING_MARGIN
+}
+
+/// The size a probe-sized input of `records` grows to after a cell ran at `rate`: `None`
+/// when it holds enough already, or was fixed by `--records`.
+fn top_up_to(rate: f64, records: u64, cfg: &BenchConfig) -> Option<u64> {
+    if cfg.records.is_some() {
+        return None;
+    }
+    let want = (input_for(rate, cfg) as u64).min(cfg.max_records);
+    (want > records).then_some(want)
+}
+
 /// How long the probe may wait for its first record.
 const SIZING_GIVE_UP: Duration = Duration::from_secs(30);
 
@@ -732,7 +749,14 @@ impl CellCtx<'_> {
                         .println(format!("p={partitions} r{round} {}: {e}", spec.label()));
                     result.error = Some(e.to_string());
                 }
+                let rate = result.records_per_s();
                 record(self, result, results);
+                if let Some(rate) = rate
+                    && let Err(e) = self.top_up(rate)
+                {
+                    self.bar
+                        .println(format!("p={partitions}: could not top the input up: {e}"));
+                }
             }
         }
         if self.cfg.kafka_perf {
@@ -822,7 +846,7 @@ impl CellCtx<'_> {
             .map_or(0.0, |t| t.elapsed().as_secs_f64());
         let _ = self.admin.delete_topics(&[&scratch]);
         let rate = moved? as f64 / took.max(1e-3);
-        let want = (rate * (cfg.warmup_secs + cfg.measure_secs) * SIZING_MARGIN) as u64;
+        let want = input_for(rate, cfg) as u64;
         let want = want.clamp(first, cfg.max_records.max(first));
         self.bar.println(format!(
             "p={}: probe {:.0} records/s read-process-write: input sized to {want} records",
@@ -836,6 +860,36 @@ impl CellCtx<'_> {
             cfg.record_size,
             cfg.tuning,
             &|n| progress(first + n),
+        )?;
+        self.records = want;
+        Ok(())
+    }
+
+    /// A cell faster than the probe foresaw ran out of input before its window was long
+    /// enough (it stays marked short): the input is topped up to that cell's rate, so that
+    /// the cells after it are measured for as long as asked. Only a probe-sized input
+    /// grows, never past `--max-records`; the new records continue the ids.
+    fn top_up(&mut self, rate: f64) -> Result<(), BenchError> {
+        let cfg = self.cfg;
+        let Some(want) = top_up_to(rate, self.records, cfg) else {
+            return Ok(());
+        };
+        self.bar.println(format!(
+            "p={}: a cell ran at {rate:.0} records/s: input topped up from {} to {want} records",
+            self.partitions, self.records
+        ));
+        let from = self.records;
+        kafka::preload(
+            self.bootstrap,
+            self.input,
+            from..want,
+            None,
+            cfg.record_size,
+            cfg.tuning,
+            &|n| {
+                self.bar
+                    .set_message(format!("p={} top-up: {n} records", self.partitions))
+            },
         )?;
         self.records = want;
         Ok(())
@@ -1431,6 +1485,23 @@ fn parse_commit_steps(text: &str) -> Option<CommitSteps> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_input_grows_to_a_cell_that_outran_it_and_never_when_fixed() {
+        let mut cfg = report::tests::cfg();
+        cfg.max_records = 6_000_000;
+        // 100,000 records/s for 5 + 15 s, with the margin of 1.6.
+        assert_eq!(top_up_to(100_000.0, 1_000_000, &cfg), Some(3_200_000));
+        // An input that holds enough already, or more, stays as it is.
+        assert_eq!(top_up_to(100_000.0, 3_200_000, &cfg), None);
+        assert_eq!(top_up_to(50_000.0, 3_200_000, &cfg), None);
+        // Never past --max-records.
+        assert_eq!(top_up_to(1_000_000.0, 1_000_000, &cfg), Some(6_000_000));
+        assert_eq!(top_up_to(1_000_000.0, 6_000_000, &cfg), None);
+        // An input fixed by --records never grows.
+        cfg.records = Some(1_000);
+        assert_eq!(top_up_to(1_000_000.0, 1_000, &cfg), None);
+    }
 
     #[test]
     fn both_summary_forms_parse() {

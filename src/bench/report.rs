@@ -293,15 +293,17 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
     let _ = writeln!(md, "Verdict: {verdict}.\n");
     let sizing = match cfg.records {
         Some(_) => "fixed by --records",
-        None => "sized from a probe",
+        None => "sized from a probe and topped up after any cell that outran it (largest size)",
     };
     let records: Vec<String> = partition_counts(results)
         .iter()
         .filter_map(|p| {
             results
                 .iter()
-                .find(|r| r.partitions == *p && !r.spec.is_cross_check())
-                .map(|r| format!("{}: {}", p, r.records))
+                .filter(|r| r.partitions == *p && !r.spec.is_cross_check())
+                .map(|r| r.records)
+                .max()
+                .map(|n| format!("{p}: {n}"))
         })
         .collect();
     let _ = writeln!(
@@ -724,10 +726,11 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn cfg() -> BenchConfig {
+    /// A configuration for tests: a probe-sized input, 5 s of warm-up and 15 s measured.
+    pub(in crate::bench) fn cfg() -> BenchConfig {
         BenchConfig {
             bootstrap_servers: None,
             repo_dir: None,
