@@ -513,7 +513,10 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let rounds = cfg.rounds.max(1);
     let bar = progress_bar(cfg, &specs, rounds);
     if broker_pid.is_none() {
-        bar.println("cannot find the broker's process: its CPU is not recorded");
+        say(
+            &bar,
+            "cannot find the broker's process: its CPU is not recorded",
+        );
     }
     let mut results: Vec<CellResult> = Vec::new();
     for &partitions in &cfg.partitions {
@@ -534,11 +537,11 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
         };
         ctx.run_cells(&specs, rounds, &mut results);
         if let Err(e) = admin.delete_topics(&[&input]) {
-            bar.println(format!("could not delete {input}: {e}"));
+            say(&bar, format!("could not delete {input}: {e}"));
         }
         // An interrupted run keeps the reports of the partition counts it finished.
         if let Err(e) = write_files(cfg, &results) {
-            bar.println(format!("{e}"));
+            say(&bar, format!("{e}"));
         }
     }
     bar.finish_and_clear();
@@ -551,6 +554,17 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
 
 /// A bar of every cell to run: each mode once per round, the cross-checks once, at every
 /// partition count.
+/// Prints `line` above the progress bar, or to standard error when there is no bar to draw
+/// (standard error is not a terminal, and indicatif drops the lines of a hidden bar): a bench
+/// run in a pipe or in CI still says what it does.
+fn say(bar: &ProgressBar, line: impl AsRef<str>) {
+    if bar.is_hidden() {
+        eprintln!("{}", line.as_ref());
+    } else {
+        bar.println(line.as_ref());
+    }
+}
+
 fn progress_bar(cfg: &BenchConfig, specs: &[Spec], rounds: u32) -> ProgressBar {
     let per_count = specs.len() * rounds as usize + if cfg.kafka_perf { 2 } else { 0 };
     let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
@@ -724,13 +738,27 @@ impl CellCtx<'_> {
             .map_err(BenchError::from)
             .and_then(|()| self.preload_input());
         if let Err(e) = &input_ready {
-            self.bar.println(format!("p={partitions}: no input: {e}"));
+            say(self.bar, format!("p={partitions}: no input: {e}"));
         }
         let record = |ctx: &Self, result: CellResult, results: &mut Vec<CellResult>| {
+            if ctx.bar.is_hidden() {
+                // Without a bar, a line per cell shows the run's progress.
+                let rate = result
+                    .records_per_s()
+                    .map_or_else(|| "no figure".to_string(), |r| format!("{r:.0} records/s"));
+                eprintln!(
+                    "cell {}/{}: p={} r{} {}: {rate}",
+                    ctx.bar.position() + 1,
+                    ctx.bar.length().unwrap_or(0),
+                    result.partitions,
+                    result.round,
+                    result.spec.label()
+                );
+            }
             results.push(result);
             if let Err(e) = report::write_csv(&ctx.cfg.out_dir.join("bench.csv"), ctx.cfg, results)
             {
-                ctx.bar.println(format!("{e}"));
+                say(ctx.bar, format!("{e}"));
             }
             ctx.bar.inc(1);
         };
@@ -745,8 +773,10 @@ impl CellCtx<'_> {
                     Ok(()) => self.run_cell(&mut result),
                 };
                 if let Err(e) = outcome {
-                    self.bar
-                        .println(format!("p={partitions} r{round} {}: {e}", spec.label()));
+                    say(
+                        self.bar,
+                        format!("p={partitions} r{round} {}: {e}", spec.label()),
+                    );
                     result.error = Some(e.to_string());
                 }
                 let rate = result.records_per_s();
@@ -754,8 +784,10 @@ impl CellCtx<'_> {
                 if let Some(rate) = rate
                     && let Err(e) = self.top_up(rate)
                 {
-                    self.bar
-                        .println(format!("p={partitions}: could not top the input up: {e}"));
+                    say(
+                        self.bar,
+                        format!("p={partitions}: could not top the input up: {e}"),
+                    );
                 }
             }
         }
@@ -777,8 +809,10 @@ impl CellCtx<'_> {
                     Ok(()) => self.run_perf(&mut result, produce_rate),
                 };
                 if let Err(e) = outcome {
-                    self.bar
-                        .println(format!("p={partitions} {}: {e}", result.spec.label()));
+                    say(
+                        self.bar,
+                        format!("p={partitions} {}: {e}", result.spec.label()),
+                    );
                     result.error = Some(e.to_string());
                 }
                 record(self, result, results);
@@ -848,10 +882,13 @@ impl CellCtx<'_> {
         let rate = moved? as f64 / took.max(1e-3);
         let want = input_for(rate, cfg) as u64;
         let want = want.clamp(first, cfg.max_records.max(first));
-        self.bar.println(format!(
-            "p={}: probe {:.0} records/s read-process-write: input sized to {want} records",
-            self.partitions, rate
-        ));
+        say(
+            self.bar,
+            format!(
+                "p={}: probe {:.0} records/s read-process-write: input sized to {want} records",
+                self.partitions, rate
+            ),
+        );
         kafka::preload(
             self.bootstrap,
             self.input,
@@ -874,10 +911,13 @@ impl CellCtx<'_> {
         let Some(want) = top_up_to(rate, self.records, cfg) else {
             return Ok(());
         };
-        self.bar.println(format!(
-            "p={}: a cell ran at {rate:.0} records/s: input topped up from {} to {want} records",
-            self.partitions, self.records
-        ));
+        say(
+            self.bar,
+            format!(
+                "p={}: a cell ran at {rate:.0} records/s: input topped up from {} to {want} records",
+                self.partitions, self.records
+            ),
+        );
         let from = self.records;
         kafka::preload(
             self.bootstrap,
@@ -918,7 +958,7 @@ impl CellCtx<'_> {
             .map_err(BenchError::from)
             .and_then(|()| self.run_timed(result, &output, &probe));
         if let Err(e) = self.admin.delete_topics(&topics) {
-            self.bar.println(format!("could not delete {output}: {e}"));
+            say(self.bar, format!("could not delete {output}: {e}"));
         }
         outcome
     }
