@@ -16,7 +16,7 @@ const RECORDS: u64 = 3_000;
 fn bench_writes_a_row_per_cell_with_sane_numbers() {
     let out = tempfile::tempdir().expect("temp dir");
     let started = Instant::now();
-    let status = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+    let output = Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .args(["bench", "--bootstrap-servers", &bootstrap()])
         .args(["--records", &RECORDS.to_string(), "--record-size", "512"])
         .args(["--partitions", "2", "--eos-commit-ms", "100"])
@@ -26,9 +26,27 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         .args(["--cell-timeout-secs", "40"])
         .arg("--out")
         .arg(out.path())
-        .status()
+        .stderr(std::process::Stdio::piped())
+        .output()
         .expect("run onceflow bench");
-    assert!(status.success(), "onceflow bench failed: {status}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let status = output.status;
+    assert!(
+        status.success(),
+        "onceflow bench failed: {status}: {stderr}"
+    );
+    // Not on a terminal, the progress bar is hidden: a line per cell says how far it is.
+    let cells: Vec<&str> = stderr.lines().filter(|l| l.starts_with("cell ")).collect();
+    assert_eq!(
+        cells.len(),
+        8,
+        "a line per cell on standard error: {stderr}"
+    );
+    assert!(
+        cells[0].starts_with("cell 1/8: p=2 r0 produce-only: ") && cells[0].ends_with(" records/s"),
+        "{}",
+        cells[0]
+    );
     assert!(started.elapsed() < Duration::from_secs(60));
 
     let csv = std::fs::read_to_string(out.path().join("bench.csv")).expect("bench.csv");
