@@ -160,7 +160,10 @@ pub fn produce_records_paced(
             }
         }
     }
-    producer.flush(Duration::from_secs(60)).expect("flush");
+    // As long as librdkafka itself gives a record (message.timeout.ms, 300 s): a broker that
+    // stalls for a minute (seen on a loaded 2-core machine: a single node fenced by its own
+    // controller after 47 s without a heartbeat) delays the feed, it does not fail the test.
+    producer.flush(Duration::from_secs(300)).expect("flush");
 }
 
 /// A record read back from an output topic.
