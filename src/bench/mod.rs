@@ -552,8 +552,6 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     Ok(results)
 }
 
-/// A bar of every cell to run: each mode once per round, the cross-checks once, at every
-/// partition count.
 /// Prints `line` above the progress bar, or to standard error when there is no bar to draw
 /// (standard error is not a terminal, and indicatif drops the lines of a hidden bar): a bench
 /// run in a pipe or in CI still says what it does.
@@ -565,6 +563,8 @@ fn say(bar: &ProgressBar, line: impl AsRef<str>) {
     }
 }
 
+/// A bar of every cell to run: each mode once per round, the cross-checks once, at every
+/// partition count.
 fn progress_bar(cfg: &BenchConfig, specs: &[Spec], rounds: u32) -> ProgressBar {
     let per_count = specs.len() * rounds as usize + if cfg.kafka_perf { 2 } else { 0 };
     let bar = ProgressBar::new((cfg.partitions.len() * per_count) as u64);
