@@ -97,6 +97,85 @@ impl Fences {
     }
 }
 
+/// How long a job refused for an instance id still held waits for it, in all: longer than
+/// any session timeout of a previous incarnation (the broker's default is 45 s).
+pub const INSTANCE_ID_WAIT: Duration = Duration::from_secs(120);
+/// How often a refused job asks again for its instance id.
+pub const INSTANCE_ID_RETRY: Duration = Duration::from_secs(2);
+/// How long a fenced instance waits before joining again: the zombie that fenced it ends
+/// itself within moments of waking.
+pub const FENCED_REJOIN_AFTER: Duration = Duration::from_secs(1);
+
+/// What a process does after an incarnation of its job ended on a fatal error of its
+/// consumer: the rules of `engine::run`, apart from its clock and its sleeps.
+///
+/// `FENCED_INSTANCE_ID` comes from a member that joined with this instance's id (a woken
+/// zombie whose stall watch has not ended it yet, gone a moment later; a second live process
+/// with the id) or from a failover of the group coordinator (this member's own rejoin): join
+/// again, within the consumer's fence rule ([`CONSUMER_FENCES`]). Under the KIP-848 protocol a
+/// member that joins with the instance id of a member whose session has not expired (this
+/// instance's previous incarnation, killed a moment ago) is refused with
+/// `UNRELEASED_INSTANCE_ID`: join again until the old session expires, but only while the
+/// process has consumed nothing, in any incarnation. One refused after consuming is a
+/// process whose place was taken, and stops.
+#[derive(Debug, Clone)]
+pub struct Rejoins {
+    fences: Fences,
+    /// Until when a refused instance id is waited for.
+    deadline: Instant,
+    /// Whether any incarnation of this process has consumed a record.
+    consumed: bool,
+}
+
+/// The next step after an incarnation ended on a consumer's fatal error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Fenced: join again after this long.
+    Rejoin(Duration),
+    /// Refused for an instance id still held: ask again after this long.
+    WaitForId(Duration),
+    /// Fenced again within the window: the other process keeps the id.
+    FencedAgain,
+    /// Stop with the error.
+    Stop,
+}
+
+impl Rejoins {
+    /// The rules for a process started at `started`.
+    pub fn new(started: Instant) -> Rejoins {
+        Rejoins {
+            fences: Fences::at_most(CONSUMER_FENCES),
+            deadline: started + INSTANCE_ID_WAIT,
+            consumed: false,
+        }
+    }
+
+    /// After an incarnation whose consumer ended as `error` at `now`; `consumed` says whether
+    /// that incarnation consumed a record.
+    pub fn after(&mut self, error: ConsumerEnd, consumed: bool, now: Instant) -> Next {
+        self.consumed |= consumed;
+        match error {
+            ConsumerEnd::Fenced if self.fences.recover(now) => Next::Rejoin(FENCED_REJOIN_AFTER),
+            ConsumerEnd::Fenced => Next::FencedAgain,
+            ConsumerEnd::Refused if !self.consumed && now < self.deadline => {
+                Next::WaitForId(INSTANCE_ID_RETRY)
+            }
+            ConsumerEnd::Refused | ConsumerEnd::Other => Next::Stop,
+        }
+    }
+}
+
+/// How an incarnation's consumer ended, as [`Rejoins`] tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerEnd {
+    /// `FENCED_INSTANCE_ID`.
+    Fenced,
+    /// `UNRELEASED_INSTANCE_ID`.
+    Refused,
+    /// Any other fatal error.
+    Other,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +228,74 @@ mod tests {
         assert!(f.recover(start + s(30)), "the first has left the window");
         assert!(!f.recover(start + s(31)));
         assert!(f.recover(start + s(34)), "so have the second and the third");
+    }
+
+    #[test]
+    fn a_process_that_never_consumed_waits_for_its_id_until_the_deadline() {
+        let start = Instant::now();
+        let mut r = Rejoins::new(start);
+        let s = Duration::from_secs;
+        assert_eq!(
+            r.after(ConsumerEnd::Refused, false, start + s(1)),
+            Next::WaitForId(INSTANCE_ID_RETRY)
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Refused, false, start + s(100)),
+            Next::WaitForId(INSTANCE_ID_RETRY)
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Refused, false, start + INSTANCE_ID_WAIT),
+            Next::Stop,
+            "the old session should have expired long before"
+        );
+    }
+
+    #[test]
+    fn a_process_refused_after_it_consumed_stops_at_once() {
+        let start = Instant::now();
+        let mut r = Rejoins::new(start);
+        assert_eq!(
+            r.after(ConsumerEnd::Refused, true, start + Duration::from_secs(5)),
+            Next::Stop
+        );
+    }
+
+    /// An incarnation that joins again after a fence starts from nothing, but the process
+    /// behind it has consumed: refused then, it is a process whose place was taken.
+    #[test]
+    fn what_a_process_consumed_counts_over_every_incarnation() {
+        let start = Instant::now();
+        let mut r = Rejoins::new(start);
+        let s = Duration::from_secs;
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, true, start + s(30)),
+            Next::Rejoin(FENCED_REJOIN_AFTER)
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Refused, false, start + s(32)),
+            Next::Stop,
+            "the rejoined incarnation consumed nothing, the process did"
+        );
+    }
+
+    #[test]
+    fn a_second_fence_within_the_window_stops_and_other_errors_stop_at_once() {
+        let start = Instant::now();
+        let mut r = Rejoins::new(start);
+        let s = Duration::from_secs;
+        assert_eq!(r.after(ConsumerEnd::Other, false, start), Next::Stop);
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, false, start + s(1)),
+            Next::Rejoin(FENCED_REJOIN_AFTER)
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, false, start + s(4)),
+            Next::FencedAgain
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, false, start + s(1) + FENCE_WINDOW),
+            Next::Rejoin(FENCED_REJOIN_AFTER),
+            "a failover a window later"
+        );
     }
 }

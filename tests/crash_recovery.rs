@@ -17,15 +17,13 @@ struct Setup {
     topology: PathBuf,
     input: String,
     output: String,
-    ids: BTreeSet<u64>,
 }
 
-fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
+/// Empty input and output topics and a topology between them; each test feeds its own input.
+fn setup(name: &str, extra_runtime: &str) -> Setup {
     let input = unique(&format!("{name}-in"));
     let output = unique(&format!("{name}-out"));
     create_topics(&[&input, &output], PARTITIONS);
-    let ids: BTreeSet<u64> = (0..records).collect();
-    produce_ids(&input, ids.iter().copied());
     let (dir, topology) = topology_file(&topology_yaml(
         &unique(name),
         &input,
@@ -37,7 +35,6 @@ fn setup(name: &str, records: u64, extra_runtime: &str) -> Setup {
         topology,
         input,
         output,
-        ids,
     }
 }
 
@@ -58,7 +55,7 @@ fn sigkilled_job_with_overlapped_commits_restarts_without_loss_or_duplicates() {
 }
 
 fn sigkilled_and_restarted(name: &str, runtime: &str) {
-    let s = setup(name, 0, &format!("  max_records_per_txn: 1000\n{runtime}"));
+    let s = setup(name, &format!("  max_records_per_txn: 1000\n{runtime}"));
     let ids: BTreeSet<u64> = (0..100_000).collect();
     // Records arrive over ~50 s, so the job cannot be done before it was killed a few times,
     // even where each restart takes 10 s or more (at 4,000/s over 25 s, two slow restarts
@@ -110,9 +107,22 @@ fn sigkilled_and_restarted(name: &str, runtime: &str) {
     assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }
 
+/// A zombie holding an open transaction: an instance frozen in the middle of its work for
+/// longer than its session timeout while a replacement with the same instance id takes over,
+/// then woken. It must stop (by its stall watch or by the fences, whichever comes first), and
+/// the replacement finish the work exactly once. A process frozen for less than its session
+/// timeout is no zombie: under the KIP-848 protocol it keeps its membership and the replacement
+/// waits for the id, so the freeze lasts past the timeout however fast the replacement is.
 #[test]
 fn paused_zombie_is_fenced_by_its_replacement() {
-    let s = setup("zombie", 30_000, "  max_records_per_txn: 500\n");
+    let s = setup("zombie", "  max_records_per_txn: 500\n");
+    let ids: BTreeSet<u64> = (0..30_000).collect();
+    // Paced over ~15 s: the instance is mid-work, a transaction open, when it is frozen.
+    let feeder = {
+        let input = s.input.clone();
+        let ids = ids.clone();
+        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(2_000)))
+    };
     let mut zombie = spawn(&s, "zombie-0");
     let started = Instant::now();
     while distinct_now(&s.output, PARTITIONS, Duration::from_millis(500)) == 0 {
@@ -123,9 +133,15 @@ fn paused_zombie_is_fenced_by_its_replacement() {
     }
     // Freeze it in the middle of its work, as a long GC pause or a partitioned VM would.
     signal(&zombie, "-STOP");
+    let frozen = Instant::now();
     let replacement = spawn(&s, "zombie-0");
-    let seen = wait_for_distinct(&s.output, PARTITIONS, s.ids.len(), Duration::from_secs(180));
-    assert_eq!(seen, s.ids.len(), "the replacement did not finish the work");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
+    assert_eq!(seen, ids.len(), "the replacement did not finish the work");
+    feeder.join().expect("feeder");
+    // Past its 10 s session timeout, whatever the replacement's pace.
+    if let Some(rest) = Duration::from_secs(12).checked_sub(frozen.elapsed()) {
+        std::thread::sleep(rest);
+    }
 
     // The zombie wakes up holding an open transaction: it must be fenced and stop.
     signal(&zombie, "-CONT");
@@ -138,7 +154,7 @@ fn paused_zombie_is_fenced_by_its_replacement() {
         "the zombie should exit non-zero once fenced: {status:?}"
     );
     terminate(replacement);
-    assert_exactly_once(&s.ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+    assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }
 
 /// The operator's way to make a zombie: an instance frozen past its session timeout, a
@@ -148,7 +164,7 @@ fn paused_zombie_is_fenced_by_its_replacement() {
 /// on and finish the work exactly once.
 #[test]
 fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_survives() {
-    let s = setup("woken", 0, "  max_records_per_txn: 500\n");
+    let s = setup("woken", "  max_records_per_txn: 500\n");
     let first: BTreeSet<u64> = (0..5_000).collect();
     produce_ids(&s.input, first.iter().copied());
     let mut zombie = spawn(&s, "woken-0");
@@ -202,7 +218,7 @@ fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_surv
 /// forever, and the other must finish the work exactly once.
 #[test]
 fn of_two_live_instances_sharing_an_id_one_stops_and_the_other_finishes() {
-    let s = setup("twins", 0, "  max_records_per_txn: 500\n");
+    let s = setup("twins", "  max_records_per_txn: 500\n");
     let all: BTreeSet<u64> = (0..20_000).collect();
     let feeder = {
         let input = s.input.clone();
@@ -258,7 +274,7 @@ fn instances_joining_and_dying_mid_run_with_overlapped_commits_keep_exactly_once
 }
 
 fn joining_and_dying(name: &str, runtime: &str) {
-    let s = setup(name, 0, &format!("  max_records_per_txn: 500\n{runtime}"));
+    let s = setup(name, &format!("  max_records_per_txn: 500\n{runtime}"));
     let ids: BTreeSet<u64> = (0..60_000).collect();
     // Records arrive over ~12 s while instances come and go.
     let feeder = {
@@ -337,7 +353,7 @@ fn a_stop_that_hangs_exits_after_its_grace_period() {
 fn a_sigterm_while_the_job_starts_is_a_clean_stop() {
     // The start is held for 3 s before the topology is loaded; the signal comes in it. Before
     // the signal handlers were installed first thing, it ended the process (status 143).
-    let setup = setup("sigterm-start", 0, "");
+    let setup = setup("sigterm-start", "");
     let mut job = spawn_job(
         &setup.topology,
         "i0",
@@ -378,7 +394,7 @@ fn spawn_with_summary(s: &Setup, instance: &str, summary: &std::path::Path) -> K
 
 #[test]
 fn a_rolling_restart_aborts_at_most_the_transaction_in_flight_per_restarted_instance() {
-    let s = setup("rolling", 0, "  max_records_per_txn: 500\n");
+    let s = setup("rolling", "  max_records_per_txn: 500\n");
     let ids: BTreeSet<u64> = (0..40_000).collect();
     // Records keep arriving through the whole restart (~20 s of input).
     let feeder = {

@@ -22,7 +22,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 
 use crate::dlq;
-use crate::fence::Fences;
+use crate::fence::{ConsumerEnd, Next, Rejoins};
 use crate::kafka::clients;
 pub use crate::kafka::clients::Identity;
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
@@ -153,65 +153,51 @@ pub fn run(
             EngineError::from(e)
         });
     }
-    // Under the KIP-848 group protocol a member that joins with the instance id of a member
-    // whose session has not expired yet (this instance's previous incarnation, killed a moment
-    // ago) is refused with UNRELEASED_INSTANCE_ID, a fatal error of the consumer: join again
-    // with a new one until the old session expires. Only a job that has consumed nothing
-    // yet: one refused after consuming is a woken zombie whose place was taken, and stops.
-    let deadline = Instant::now() + INSTANCE_ID_WAIT;
-    // FENCED_INSTANCE_ID comes from a member that joined with this instance's id (a woken
-    // zombie whose stall watch has not ended it yet, gone a moment later) or from a failover
-    // of the group coordinator (this member's own rejoin): join again, as crate::fence says.
-    let mut fences = Fences::at_most(crate::fence::CONSUMER_FENCES);
+    // A fence, or an instance id refused: join again or stop, as crate::fence::Rejoins says.
+    let mut rejoins = Rejoins::new(Instant::now());
     loop {
-        let mut consumed = 0;
-        match run_once(topology, identity, options, shutdown, &mut consumed) {
-            Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::FencedInstanceId))
-                if !shutdown.load(Ordering::Relaxed) =>
-            {
-                if !fences.recover(Instant::now()) {
-                    let e = EngineError::FencedAgain {
-                        instance: identity.instance_id.clone(),
-                        code,
-                    };
-                    telemetry::fatal(&e);
-                    return Err(e);
-                }
-                telemetry::rejoining_after_fence(&code, FENCED_REJOIN_AFTER);
-                std::thread::sleep(FENCED_REJOIN_AFTER);
+        let mut consumed = false;
+        let result = run_once(topology, identity, options, shutdown, &mut consumed);
+        let next = match &result {
+            Err(EngineError::ConsumerFatal(code)) if !shutdown.load(Ordering::Relaxed) => {
+                let end = match code {
+                    RDKafkaErrorCode::FencedInstanceId => ConsumerEnd::Fenced,
+                    RDKafkaErrorCode::UnreleasedInstanceId => ConsumerEnd::Refused,
+                    _ => ConsumerEnd::Other,
+                };
+                (*code, rejoins.after(end, consumed, Instant::now()))
             }
-            Err(EngineError::ConsumerFatal(code @ RDKafkaErrorCode::UnreleasedInstanceId))
-                if consumed == 0
-                    && Instant::now() < deadline
-                    && !shutdown.load(Ordering::Relaxed) =>
-            {
-                telemetry::instance_id_held(&code, INSTANCE_ID_RETRY);
-                std::thread::sleep(INSTANCE_ID_RETRY);
+            _ => return result.inspect_err(|e| telemetry::fatal(e)),
+        };
+        match next {
+            (code, Next::Rejoin(after)) => {
+                telemetry::rejoining_after_fence(&code, after);
+                std::thread::sleep(after);
             }
-            Err(e) => {
+            (code, Next::WaitForId(after)) => {
+                telemetry::instance_id_held(&code, after);
+                std::thread::sleep(after);
+            }
+            (code, Next::FencedAgain) => {
+                let e = EngineError::FencedAgain {
+                    instance: identity.instance_id.clone(),
+                    code,
+                };
                 telemetry::fatal(&e);
                 return Err(e);
             }
-            ok => return ok,
+            (_, Next::Stop) => return result.inspect_err(|e| telemetry::fatal(e)),
         }
     }
 }
 
-/// How long a job refused for an instance id still held waits for it, in all: longer than
-/// any session timeout of a previous incarnation (the broker's default is 45 s).
-const INSTANCE_ID_WAIT: Duration = Duration::from_secs(120);
-const INSTANCE_ID_RETRY: Duration = Duration::from_secs(2);
-/// How long a fenced instance waits before joining again: the zombie that fenced it ends
-/// itself within moments of waking.
-const FENCED_REJOIN_AFTER: Duration = Duration::from_secs(1);
-
-/// One incarnation of the job; `consumed` says how many records it consumed.
+/// One incarnation of the job; sets `consumed` when it consumed a record.
 fn run_once(
     topology: &Topology,
     identity: &Identity,
     options: &RunOptions,
     shutdown: &AtomicBool,
-    consumed: &mut u64,
+    consumed: &mut bool,
 ) -> Result<Summary, EngineError> {
     let started = Instant::now();
     let _job_span = tracing::info_span!("job", topology = %topology.name).entered();
@@ -234,7 +220,7 @@ fn run_once(
         let consumer_fatal = consumer.client().fatal_error().map(|(code, _)| code);
         consumer_fence_first(e, consumer_fatal)
     });
-    *consumed = job.consumed;
+    *consumed = job.first_record.is_some();
     // Commit what is in flight on a clean stop; on an error, abort it (best effort: a
     // fenced producer cannot abort, and the broker aborts it on timeout or when the
     // transactional.id is next initialised).
