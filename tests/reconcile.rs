@@ -89,6 +89,11 @@ struct Fixture {
 /// A job from `in` through filter, explode and route: every item to `a` (and the table when
 /// `with_postgres`), items of even ids also to `b`; poison to the dead-letter topic.
 fn fixture(prefix: &str, with_postgres: bool) -> Fixture {
+    fixture_shaped(prefix, with_postgres, false)
+}
+
+/// With `one_to_one`, the job only filters, to `a` (one record of each kept input record).
+fn fixture_shaped(prefix: &str, with_postgres: bool, one_to_one: bool) -> Fixture {
     let name = unique(prefix);
     let input = unique(&format!("{prefix}-in"));
     let a = unique(&format!("{prefix}-a"));
@@ -108,8 +113,18 @@ fn fixture(prefix: &str, with_postgres: bool) -> Fixture {
     } else {
         (None, String::new(), "")
     };
+    let (steps, outputs) = if one_to_one {
+        (String::new(), format!("  - name: a\n    topic: {a}\n"))
+    } else {
+        (
+            format!(
+                "  - explode: {{field: items, as: item}}\n  - route:\n      mode: all\n      routes:\n        - {{when: 'true', to: [a{db_route}]}}\n        - {{when: 'value.id % 2 == 0', to: [b]}}\n      default: []\n"
+            ),
+            format!("  - name: a\n    topic: {a}\n  - name: b\n    topic: {b}\n{db_output}"),
+        )
+    };
     let yaml = format!(
-        "name: {name}\ninputs:\n  - topic: {input}\n    codec: json\npipeline:\n  - filter: 'value.kind != \"drop\"'\n  - explode: {{field: items, as: item}}\n  - route:\n      mode: all\n      routes:\n        - {{when: 'true', to: [a{db_route}]}}\n        - {{when: 'value.id % 2 == 0', to: [b]}}\n      default: []\noutputs:\n  - name: a\n    topic: {a}\n  - name: b\n    topic: {b}\n{db_output}dead_letter:\n  topic: {dlq}\nruntime:\n  session_timeout_ms: 10000\n  group_protocol: {}\n",
+        "name: {name}\ninputs:\n  - topic: {input}\n    codec: json\npipeline:\n  - filter: 'value.kind != \"drop\"'\n{steps}outputs:\n{outputs}dead_letter:\n  topic: {dlq}\nruntime:\n  session_timeout_ms: 10000\n  group_protocol: {}\n",
         group_protocol()
     );
     let (dir, path) = topology_file(&yaml);
@@ -426,6 +441,46 @@ fn a_duplicate_and_offsets_committed_without_trace_fail_the_reconciliation() {
         }
     }
     assert_eq!(report["hanging"].as_array().map(Vec::len), Some(0));
+}
+
+/// A topology making one record of each input record on one output is decided by its traces:
+/// the pipeline is re-run only over the records that left none (the filtered ones here), the
+/// counts are those of a re-run over every record (`--rerun-all`), and a duplicate and
+/// offsets committed without a trace are still found.
+#[test]
+fn a_one_to_one_topology_reruns_the_pipeline_only_over_records_without_a_trace() {
+    let f = fixture_shaped("rec-one", false, true);
+    produce_input(&f.input, 0..RECORDS);
+    run_job(&f);
+    let (produced, filtered, poison) = expected_counts();
+
+    let (output, traced) = reconcile(&f, &[]);
+    assert!(output.status.success(), "{traced:#}");
+    assert_eq!(traced["pipeline_rerun"], "untraced");
+    assert_eq!(traced["pipeline_runs"], filtered, "{traced:#}");
+    let (output, all) = reconcile(&f, &["--rerun-all"]);
+    assert!(output.status.success(), "{all:#}");
+    assert_eq!(all["pipeline_rerun"], "all");
+    assert_eq!(all["pipeline_runs"], RECORDS);
+    for report in [&traced, &all] {
+        assert_eq!(total(report, "consumed"), RECORDS);
+        assert_eq!(total(report, "produced"), produced);
+        assert_eq!(total(report, "filtered"), filtered);
+        assert_eq!(total(report, "dead_lettered"), poison);
+    }
+    assert_eq!(traced["partitions"], all["partitions"]);
+
+    // One record of a written again, and ten input records committed with no trace.
+    let a = read_records(&f.a, PARTITIONS, "read_committed");
+    produce_again(&f.a, &a[a.len() / 2]);
+    let good = (10_000..10_100).filter(|id| !is_poison(*id) && !is_dropped(*id));
+    produce_input(&f.input, good.take(10));
+    commit_to_end(&f, &format!("onceflow.{}", f.name));
+    let (output, report) = reconcile(&f, &[]);
+    assert!(!output.status.success(), "a mismatch must fail: {report:#}");
+    assert_eq!(total(&report, "missing"), 10, "{report:#}");
+    assert_eq!(total(&report, "duplicated"), 1, "{report:#}");
+    assert_eq!(report["pipeline_runs"], filtered + 10, "{report:#}");
 }
 
 #[test]

@@ -24,6 +24,13 @@ pub struct ReconcileArgs {
     /// How long a marker may take to become visible under read_committed.
     #[arg(long, default_value_t = 30_000)]
     marker_timeout_ms: u64,
+    /// Re-run the pipeline over every input record. By default, where the topology makes at
+    /// most one record of each on its one output (no route, no explode), a record found there
+    /// or in the dead-letter topic is decided by that trace, and only records that left none
+    /// are re-run (to tell filtered from missing). With this flag a record whose trace the
+    /// topology as it is now would not make is reported duplicated.
+    #[arg(long)]
+    rerun_all: bool,
 }
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
@@ -31,6 +38,7 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
     let options = Options {
         markers: !args.no_markers,
         marker_timeout: Duration::from_millis(args.marker_timeout_ms),
+        rerun_all: args.rerun_all,
         ..Options::default()
     };
     // Drawn on stderr, and only when it is a terminal (indicatif hides it otherwise).
@@ -122,6 +130,16 @@ fn table(r: &Report) -> String {
             "none".to_string()
         } else {
             r.hanging.join(", ")
+        }
+    );
+    let _ = writeln!(
+        out,
+        "pipeline re-run over {} input records ({})",
+        r.pipeline_runs,
+        if r.pipeline_rerun == "all" {
+            "all of them"
+        } else {
+            "those without a trace"
         }
     );
     let _ = writeln!(

@@ -44,7 +44,7 @@ use crate::kafka::read::{self, ReadError};
 use crate::lineage;
 use crate::sink::postgres::batch::{Mapping, Staged};
 use crate::sink::postgres::{self, PostgresError, sql};
-use crate::topology::{PostgresOutput, Target, Topology};
+use crate::topology::{PostgresOutput, Processor, Target, Topology};
 use crate::transform::Pipeline;
 use counts::{Chunk, Counts, Slots};
 use tally::{Decision, Expected, PartitionTally, Verdict};
@@ -85,6 +85,8 @@ pub struct Options {
     /// How many readers read a topic side by side, each with its own consumer and share of
     /// the partitions (at most one per partition).
     pub threads: usize,
+    /// Re-run the pipeline over every input record, also those whose traces decide them.
+    pub rerun_all: bool,
 }
 
 impl Default for Options {
@@ -94,6 +96,7 @@ impl Default for Options {
             marker_timeout: Duration::from_secs(30),
             idle: Duration::from_secs(30),
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            rerun_all: false,
         }
     }
 }
@@ -146,6 +149,11 @@ pub struct Report {
     pub phase_seconds: Phases,
     pub missing: u64,
     pub duplicated: u64,
+    /// Which input records the pipeline was re-run over: `all`, or `untraced` (those that left
+    /// no trace in the outputs or the dead-letter topic, where the traces decide the others).
+    pub pipeline_rerun: &'static str,
+    /// Input records the pipeline was re-run over.
+    pub pipeline_runs: u64,
     /// No missing, duplicated or hanging, nothing beyond the committed offsets.
     pub ok: bool,
 }
@@ -217,6 +225,8 @@ impl Stream {
 struct InputShare<'s> {
     /// Records read.
     read: u64,
+    /// Records the pipeline was re-run over.
+    reran: u64,
     /// Tallies of its partitions, made as their first record comes.
     tallies: BTreeMap<i32, PartitionTally>,
     /// Records whose PostgreSQL trace is to be looked for by event id.
@@ -415,6 +425,8 @@ pub fn run(
         })
         .collect();
     let mut checks = Absorbed::default();
+    let by_traces = !options.rerun_all && traces_decide(topology, &stream_of);
+    report.pipeline_rerun = if by_traces { "untraced" } else { "all" };
     for (input, topic) in inputs.iter().enumerate() {
         let ranges = &input_ranges[input];
         let mut tallies: BTreeMap<i32, PartitionTally> = ranges
@@ -424,16 +436,16 @@ pub fn run(
         let base = read_so_far;
         let streams = &streams;
         let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
+        let count = |tallies: &mut BTreeMap<i32, PartitionTally>, p, offset, verdict| {
+            if let Some(&(from, to)) = ranges.get(&p) {
+                tallies
+                    .entry(p)
+                    .or_insert_with(|| PartitionTally::new(topic, p, from, to))
+                    .count(offset, verdict);
+            }
+        };
         let each = input_reader(|share, msg| {
             share.read += 1;
-            let expected = expect(
-                pipeline,
-                msg,
-                stream_of,
-                mappings,
-                streams.len(),
-                &mut share.produced,
-            );
             let (p, offset) = (msg.partition(), msg.offset());
             if share.at != Some(p) || !share.chunks.first().is_some_and(|c| c.holds(offset)) {
                 share.chunks.clear();
@@ -449,6 +461,22 @@ pub fn run(
                 .seen
                 .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
             let letters = std::mem::take(&mut share.seen[dead_letters]);
+            let traced = by_traces
+                .then(|| tally::decide_by_traces(share.seen.iter().sum(), letters))
+                .flatten();
+            if let Some(verdict) = traced {
+                count(&mut share.tallies, p, offset, verdict);
+                return Ok(());
+            }
+            share.reran += 1;
+            let expected = expect(
+                pipeline,
+                msg,
+                stream_of,
+                mappings,
+                streams.len(),
+                &mut share.produced,
+            );
             let outputs_seen = &share.seen;
             let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
             let verdict = match tally::decide_keyed(
@@ -474,13 +502,7 @@ pub fn run(
                     return Ok(());
                 }
             };
-            if let Some(&(from, to)) = ranges.get(&p) {
-                share
-                    .tallies
-                    .entry(p)
-                    .or_insert_with(|| PartitionTally::new(topic, p, from, to))
-                    .count(offset, verdict);
-            }
+            count(&mut share.tallies, p, offset, verdict);
             Ok(())
         });
         let split = read::Split {
@@ -497,6 +519,7 @@ pub fn run(
         let mut unfinished = BTreeMap::new();
         for (share, left) in shares {
             read_so_far += share.read;
+            report.pipeline_runs += share.reran;
             // Each reader had partitions of its own: its tallies replace the empty ones.
             tallies.extend(share.tallies);
             checks.pending.extend(share.pending);
@@ -529,6 +552,22 @@ pub fn run(
     report.seconds = started.elapsed().as_secs_f64();
     report.records_per_second = read_so_far as f64 / report.seconds.max(1e-9);
     Ok(report)
+}
+
+/// Whether the traces of a record decide it wherever it left one
+/// ([`tally::decide_by_traces`]): the topology makes at most one record of each input record,
+/// on its one output, a Kafka topic reconcile checks (not PostgreSQL, whose inbox counts
+/// messages, not records).
+fn traces_decide(topology: &Topology, stream_of: &[Option<usize>]) -> bool {
+    let one_to_one = topology
+        .pipeline
+        .iter()
+        .all(|p| !matches!(p, Processor::Route(_) | Processor::Explode(_)));
+    let checked_topic = matches!(
+        topology.outputs.as_slice(),
+        [output] if output.lineage && matches!(output.target(), Some(Target::Topic(_)))
+    );
+    one_to_one && checked_topic && matches!(stream_of, [Some(_)])
 }
 
 fn stream(name: &str, kind: &'static str) -> Stream {
