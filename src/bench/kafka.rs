@@ -315,11 +315,16 @@ pub struct Prober {
 impl Prober {
     /// Creates the producer and writes one warm-up record (key `w`, which the reader skips),
     /// so that connecting and getting a producer id do not count as latency later.
-    pub fn new(bootstrap: &str, topic: &str, size: usize) -> Result<Prober, BenchError> {
+    pub fn new(
+        bootstrap: &str,
+        topic: &str,
+        size: usize,
+        linger_ms: u64,
+    ) -> Result<Prober, BenchError> {
         let producer: BaseProducer<Failures> = Cluster::new(bootstrap)
             .config()
             .set("enable.idempotence", "true")
-            .set("linger.ms", "0")
+            .set("linger.ms", linger_ms.to_string())
             .create_with_context(Failures::default())
             .map_err(BenchError::kafka("probe producer"))?;
         send_all(

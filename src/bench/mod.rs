@@ -154,6 +154,9 @@ pub struct BenchConfig {
     /// Probe records a second, and for how long; 0 turns the latency probe off.
     pub probe_rate: u64,
     pub probe_secs: f64,
+    /// When set, each pipeline's probe runs at this share of the rate the pipeline was just
+    /// measured at (0.5: half load) instead of at `probe_rate`.
+    pub probe_load: Option<f64>,
     /// Run Kafka's ProducerPerformance and ConsumerPerformance as a cross-check.
     pub kafka_perf: bool,
     /// Give up on a cell after this long.
@@ -680,6 +683,15 @@ impl Snapshot {
     }
 }
 
+/// The rate of a pipeline's latency probe: `probe_rate`, or the share `probe_load` of the
+/// rate the pipeline was measured at (never below 1 record a second).
+fn probe_rate(cfg: &BenchConfig, measured: Option<f64>) -> u64 {
+    match (cfg.probe_load, measured) {
+        (Some(share), Some(rate)) => ((share * rate).round() as u64).max(1),
+        _ => cfg.probe_rate,
+    }
+}
+
 /// How far the `probe` of a partition count is read and written back to size its input.
 const SIZING_SECS: f64 = 3.0;
 /// How much more than the probe's rate the input is sized for (the probe itself is noisy,
@@ -950,7 +962,14 @@ impl CellCtx<'_> {
             .create_topic(&output, self.partitions)
             .and_then(|()| {
                 if result.spec.is_pipeline() {
-                    self.admin.create_topic(&probe, 1)
+                    // A probe at a share of the load is spread as the input is; a few
+                    // records a second need one partition.
+                    let spread = if self.cfg.probe_load.is_some() {
+                        self.partitions
+                    } else {
+                        1
+                    };
+                    self.admin.create_topic(&probe, spread)
                 } else {
                     Ok(())
                 }
@@ -1103,13 +1122,17 @@ impl CellCtx<'_> {
             .join(format!("p{}-{label}-r{}", self.partitions, self.round));
         std::fs::create_dir_all(&dir).map_err(BenchError::io(dir.display()))?;
         let reader = OutputReader::start(self.bootstrap, output, self.partitions, self.records)?;
-        let probes = if spec.is_pipeline() {
-            (cfg.probe_rate as f64 * cfg.probe_secs).round() as u64
-        } else {
-            0
-        };
-        let prober = if probes > 0 {
-            Some(kafka::Prober::new(self.bootstrap, probe, cfg.record_size)?)
+        let probing = spec.is_pipeline() && cfg.probe_rate > 0 && cfg.probe_secs > 0.0;
+        let prober = if probing {
+            // At a share of the load the probe batches as the preload does (one request per
+            // record would queue in its own producer and count as the pipeline's latency).
+            let linger_ms = cfg.probe_load.map_or(0, |_| cfg.tuning.linger_ms);
+            Some(kafka::Prober::new(
+                self.bootstrap,
+                probe,
+                cfg.record_size,
+                linger_ms,
+            )?)
         } else {
             None
         };
@@ -1118,11 +1141,13 @@ impl CellCtx<'_> {
         self.measure(&mut procs, &reader, result, launched)?;
 
         if let Some(prober) = &prober {
+            let rate = probe_rate(cfg, result.records_per_s());
+            let probes = (rate as f64 * cfg.probe_secs).round() as u64;
             self.bar.set_message(format!(
-                "p={} r{} {label}: latency probe",
+                "p={} r{} {label}: latency probe at {rate} records/s",
                 self.partitions, self.round
             ));
-            prober.run(probes, cfg.probe_rate)?;
+            prober.run(probes, rate)?;
             self.wait_for(&mut procs, &reader, "latency probe", &|| {
                 reader.probes.load(Ordering::Relaxed) >= probes
             })?;
@@ -1541,6 +1566,21 @@ mod tests {
         // An input fixed by --records never grows.
         cfg.records = Some(1_000);
         assert_eq!(top_up_to(1_000_000.0, 1_000, &cfg), None);
+    }
+
+    #[test]
+    fn a_probe_at_a_share_of_load_follows_the_measured_rate() {
+        let mut cfg = report::tests::cfg();
+        cfg.probe_rate = 500;
+        assert_eq!(probe_rate(&cfg, Some(150_000.0)), 500, "a fixed rate");
+        cfg.probe_load = Some(0.5);
+        assert_eq!(probe_rate(&cfg, Some(150_000.0)), 75_000, "half load");
+        assert_eq!(probe_rate(&cfg, Some(0.4)), 1, "never below 1 a second");
+        assert_eq!(
+            probe_rate(&cfg, None),
+            500,
+            "no measured rate: the fixed one"
+        );
     }
 
     #[test]

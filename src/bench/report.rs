@@ -311,7 +311,7 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
         "Input: records of {} B, {sizing}, per partition count ({}); the first {} s after a \
          cell is ready are not measured, the quickest mode is measured for about {} s; {} rounds, the \
          modes of a partition count interleaved; producer linger.ms {} / batch.size {}, \
-         idempotent; latency probe {} records/s for {} s.\n",
+         idempotent; latency probe {} for {} s.\n",
         cfg.record_size,
         records.join(", "),
         cfg.warmup_secs,
@@ -319,7 +319,10 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
         cfg.rounds,
         cfg.tuning.linger_ms,
         cfg.tuning.batch_size,
-        cfg.probe_rate,
+        match cfg.probe_load {
+            Some(share) => format!("at {share} of each pipeline's measured rate"),
+            None => format!("{} records/s", cfg.probe_rate),
+        },
         cfg.probe_secs,
     );
 }
@@ -753,6 +756,7 @@ pub(super) mod tests {
             },
             probe_rate: 0,
             probe_secs: 0.0,
+            probe_load: None,
             kafka_perf: false,
             cell_timeout: std::time::Duration::from_secs(1),
             rounds: 3,

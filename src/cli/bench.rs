@@ -71,6 +71,10 @@ pub struct BenchArgs {
     /// Latency probe duration in seconds (0 turns the probe off).
     #[arg(long, default_value_t = 3.0)]
     probe_secs: f64,
+    /// Run each pipeline's latency probe at this share of the rate it was just measured at
+    /// (0.5: half load) instead of at --probe-rate.
+    #[arg(long)]
+    probe_load: Option<f64>,
     /// Give up on a cell after this many seconds.
     #[arg(long, default_value_t = 900)]
     cell_timeout_secs: u64,
@@ -179,6 +183,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     } else {
         args.kstreams_commit_ms
     };
+    if let Some(share) = args.probe_load {
+        anyhow::ensure!(
+            share > 0.0 && share <= 1.0,
+            "--probe-load must be a share of the measured rate above 0 and at most 1, not {share}"
+        );
+    }
     let needs_repo =
         args.bootstrap_servers.is_none() || !kstreams_commit_ms.is_empty() || !args.no_kafka_perf;
     let config = BenchConfig {
@@ -208,6 +218,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         },
         probe_rate: args.probe_rate,
         probe_secs: args.probe_secs,
+        probe_load: args.probe_load,
         kafka_perf: !args.no_kafka_perf,
         cell_timeout: Duration::from_secs(args.cell_timeout_secs),
         rounds: args.rounds,
