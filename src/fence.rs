@@ -39,6 +39,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use rdkafka::types::RDKafkaErrorCode;
+
 /// The span over which fences are counted. Two live processes sharing an id fence each other
 /// within seconds (a rejoin fences the other member at its next heartbeat or commit; a
 /// rebuilt producer fences the other at its next transactional call); two broker failovers
@@ -174,6 +176,17 @@ pub enum ConsumerEnd {
     Refused,
     /// Any other fatal error.
     Other,
+}
+
+impl ConsumerEnd {
+    /// The end a consumer's fatal error `code` means.
+    pub fn of(code: RDKafkaErrorCode) -> ConsumerEnd {
+        match code {
+            RDKafkaErrorCode::FencedInstanceId => ConsumerEnd::Fenced,
+            RDKafkaErrorCode::UnreleasedInstanceId => ConsumerEnd::Refused,
+            _ => ConsumerEnd::Other,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,16 @@ fn setup(name: &str, extra_runtime: &str) -> Setup {
     }
 }
 
+/// Writes `ids` to the input at `per_second` on a thread of its own, as the tests' live input.
+fn feed(
+    s: &Setup,
+    ids: impl IntoIterator<Item = u64> + Send + 'static,
+    per_second: u64,
+) -> std::thread::JoinHandle<()> {
+    let input = s.input.clone();
+    std::thread::spawn(move || produce_ids_paced(&input, ids, Some(per_second)))
+}
+
 fn spawn(setup: &Setup, instance: &str) -> KillOnDrop {
     spawn_job(&setup.topology, instance, &[])
 }
@@ -60,11 +70,7 @@ fn sigkilled_and_restarted(name: &str, runtime: &str) {
     // Records arrive over ~50 s, so the job cannot be done before it was killed a few times,
     // even where each restart takes 10 s or more (at 4,000/s over 25 s, two slow restarts
     // on a loaded machine let the feed end before the third kill).
-    let feeder = {
-        let input = s.input.clone();
-        let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(2_000)))
-    };
+    let feeder = feed(&s, ids.clone(), 2_000);
     let mut rng = rand::rng();
     let mut kills_mid_run = 0;
     let mut visible = 0;
@@ -118,11 +124,7 @@ fn paused_zombie_is_fenced_by_its_replacement() {
     let s = setup("zombie", "  max_records_per_txn: 500\n");
     let ids: BTreeSet<u64> = (0..30_000).collect();
     // Paced over ~15 s: the instance is mid-work, a transaction open, when it is frozen.
-    let feeder = {
-        let input = s.input.clone();
-        let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(2_000)))
-    };
+    let feeder = feed(&s, ids.clone(), 2_000);
     let mut zombie = spawn(&s, "zombie-0");
     let started = Instant::now();
     while distinct_now(&s.output, PARTITIONS, Duration::from_millis(500)) == 0 {
@@ -174,10 +176,7 @@ fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_surv
         "the first instance did not start"
     );
     let all: BTreeSet<u64> = (0..25_000).collect();
-    let feeder = {
-        let input = s.input.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, 5_000..25_000, Some(1_000)))
-    };
+    let feeder = feed(&s, 5_000..25_000, 1_000);
     std::thread::sleep(Duration::from_secs(2));
     signal(&zombie, "-STOP");
     // Past its 10 s session timeout: the group expires the frozen member.
@@ -220,11 +219,7 @@ fn a_zombie_woken_after_its_session_expired_ends_itself_and_its_replacement_surv
 fn of_two_live_instances_sharing_an_id_one_stops_and_the_other_finishes() {
     let s = setup("twins", "  max_records_per_txn: 500\n");
     let all: BTreeSet<u64> = (0..20_000).collect();
-    let feeder = {
-        let input = s.input.clone();
-        let all = all.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, all, Some(1_000)))
-    };
+    let feeder = feed(&s, all.clone(), 1_000);
     let mut first = spawn(&s, "twin-0");
     assert!(
         wait_for_distinct(&s.output, PARTITIONS, 500, Duration::from_secs(120)) >= 500,
@@ -277,11 +272,7 @@ fn joining_and_dying(name: &str, runtime: &str) {
     let s = setup(name, &format!("  max_records_per_txn: 500\n{runtime}"));
     let ids: BTreeSet<u64> = (0..60_000).collect();
     // Records arrive over ~12 s while instances come and go.
-    let feeder = {
-        let input = s.input.clone();
-        let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(5_000)))
-    };
+    let feeder = feed(&s, ids.clone(), 5_000);
     let mut first = spawn(&s, &format!("{name}-a"));
     std::thread::sleep(Duration::from_secs(3));
     // A second instance joins: the first one hands partitions over in a cooperative
@@ -397,11 +388,7 @@ fn a_rolling_restart_aborts_at_most_the_transaction_in_flight_per_restarted_inst
     let s = setup("rolling", "  max_records_per_txn: 500\n");
     let ids: BTreeSet<u64> = (0..40_000).collect();
     // Records keep arriving through the whole restart (~20 s of input).
-    let feeder = {
-        let input = s.input.clone();
-        let ids = ids.clone();
-        std::thread::spawn(move || produce_ids_paced(&input, ids, Some(2_000)))
-    };
+    let feeder = feed(&s, ids.clone(), 2_000);
     let summaries = tempfile::tempdir().expect("tempdir");
     let summary = |instance: usize, incarnation: usize| {
         summaries

@@ -7,7 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::KafkaArgs;
-use crate::reconcile::{self, Options, Report};
+use crate::reconcile::{self, Options, Report, Rerun};
 
 #[derive(clap::Args)]
 pub struct ReconcileArgs {
@@ -136,10 +136,9 @@ fn table(r: &Report) -> String {
         out,
         "pipeline re-run over {} input records ({})",
         r.pipeline_runs,
-        if r.pipeline_rerun == "all" {
-            "all of them"
-        } else {
-            "those without a trace"
+        match r.pipeline_rerun {
+            Rerun::All => "all of them",
+            Rerun::Untraced => "those without a trace",
         }
     );
     let _ = writeln!(

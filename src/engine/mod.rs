@@ -158,27 +158,20 @@ pub fn run(
     loop {
         let mut consumed = false;
         let result = run_once(topology, identity, options, shutdown, &mut consumed);
-        let next = match &result {
-            Err(EngineError::ConsumerFatal(code)) if !shutdown.load(Ordering::Relaxed) => {
-                let end = match code {
-                    RDKafkaErrorCode::FencedInstanceId => ConsumerEnd::Fenced,
-                    RDKafkaErrorCode::UnreleasedInstanceId => ConsumerEnd::Refused,
-                    _ => ConsumerEnd::Other,
-                };
-                (*code, rejoins.after(end, consumed, Instant::now()))
-            }
+        let code = match &result {
+            Err(EngineError::ConsumerFatal(code)) if !shutdown.load(Ordering::Relaxed) => *code,
             _ => return result.inspect_err(|e| telemetry::fatal(e)),
         };
-        match next {
-            (code, Next::Rejoin(after)) => {
+        match rejoins.after(ConsumerEnd::of(code), consumed, Instant::now()) {
+            Next::Rejoin(after) => {
                 telemetry::rejoining_after_fence(&code, after);
                 std::thread::sleep(after);
             }
-            (code, Next::WaitForId(after)) => {
+            Next::WaitForId(after) => {
                 telemetry::instance_id_held(&code, after);
                 std::thread::sleep(after);
             }
-            (code, Next::FencedAgain) => {
+            Next::FencedAgain => {
                 let e = EngineError::FencedAgain {
                     instance: identity.instance_id.clone(),
                     code,
@@ -186,7 +179,7 @@ pub fn run(
                 telemetry::fatal(&e);
                 return Err(e);
             }
-            (_, Next::Stop) => return result.inspect_err(|e| telemetry::fatal(e)),
+            Next::Stop => return result.inspect_err(|e| telemetry::fatal(e)),
         }
     }
 }

@@ -149,13 +149,24 @@ pub struct Report {
     pub phase_seconds: Phases,
     pub missing: u64,
     pub duplicated: u64,
-    /// Which input records the pipeline was re-run over: `all`, or `untraced` (those that left
-    /// no trace in the outputs or the dead-letter topic, where the traces decide the others).
-    pub pipeline_rerun: &'static str,
+    /// Which input records the pipeline was re-run over.
+    pub pipeline_rerun: Rerun,
     /// Input records the pipeline was re-run over.
     pub pipeline_runs: u64,
     /// No missing, duplicated or hanging, nothing beyond the committed offsets.
     pub ok: bool,
+}
+
+/// Which input records reconcile re-runs the pipeline over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rerun {
+    /// Every one.
+    #[default]
+    All,
+    /// Those that left no trace in the outputs or the dead-letter topic; the traces decide
+    /// the others ([`tally::decide_by_traces`]).
+    Untraced,
 }
 
 /// Where the time went, in seconds.
@@ -426,7 +437,11 @@ pub fn run(
         .collect();
     let mut checks = Absorbed::default();
     let by_traces = !options.rerun_all && traces_decide(topology, &stream_of);
-    report.pipeline_rerun = if by_traces { "untraced" } else { "all" };
+    report.pipeline_rerun = if by_traces {
+        Rerun::Untraced
+    } else {
+        Rerun::All
+    };
     for (input, topic) in inputs.iter().enumerate() {
         let ranges = &input_ranges[input];
         let mut tallies: BTreeMap<i32, PartitionTally> = ranges
