@@ -204,4 +204,73 @@ mod tests {
         );
         producer.flush(Duration::from_secs(30)).unwrap();
     }
+
+    /// The broker thread's wake-ups, as librdkafka's statistics count them.
+    #[derive(Default)]
+    struct Wakeups(std::sync::Mutex<Option<u64>>);
+
+    impl rdkafka::ClientContext for Wakeups {
+        fn stats(&self, statistics: rdkafka::Statistics) {
+            let total = statistics
+                .brokers
+                .values()
+                .filter(|b| b.nodeid >= 0)
+                .filter_map(|b| b.wakeups)
+                .sum();
+            *self.0.lock().unwrap() = Some(total);
+        }
+    }
+
+    impl rdkafka::producer::ProducerContext for Wakeups {
+        type DeliveryOpaque = ();
+        fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+    }
+
+    /// While a partition's five requests are in flight and another batch is ready, the
+    /// broker thread sleeps until a response comes. Stock librdkafka (and the first fix)
+    /// found the batch ready before looking at the window, asked to be woken at once, and
+    /// called `poll()` with a zero timeout in a loop for the whole round trip: tens of
+    /// thousands of wake-ups a second, a quarter of the exactly-once job's CPU at 8
+    /// partitions (vendor/README.md).
+    #[test]
+    fn a_producer_whose_window_is_full_sleeps_until_a_response_comes() {
+        let cluster = EmbeddedCluster::start(1).unwrap();
+        cluster.create_topic("t", 1).unwrap();
+        let producer: BaseProducer<Wakeups> = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "0")
+            .set("batch.num.messages", "10")
+            .set("statistics.interval.ms", "100")
+            .create_with_context(Wakeups::default())
+            .unwrap();
+        producer
+            .send(BaseRecord::<(), _>::to("t").payload("first"))
+            .unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let rtt = Duration::from_millis(2000);
+        cluster.set_round_trip_time(1, rtt).unwrap();
+        // Five requests of 10 fill the window; five more batches stay ready behind it.
+        for n in 0..100 {
+            let value = format!("record {n}");
+            producer
+                .send(BaseRecord::<(), _>::to("t").payload(&value))
+                .unwrap();
+        }
+        let wakeups_at = |wait: Duration| {
+            let until = Instant::now() + wait;
+            while Instant::now() < until {
+                producer.poll(Duration::from_millis(10));
+            }
+            producer.context().0.lock().unwrap().unwrap()
+        };
+        let first = wakeups_at(Duration::from_millis(500));
+        let second = wakeups_at(Duration::from_millis(1000));
+        assert!(
+            second - first < 500,
+            "{} wake-ups of the broker threads in about 1 s of a round trip: spinning",
+            second - first
+        );
+        producer.flush(Duration::from_secs(30)).unwrap();
+    }
 }

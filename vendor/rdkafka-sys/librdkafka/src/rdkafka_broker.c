@@ -3959,7 +3959,19 @@ static int rd_kafka_toppar_producer_serve(rd_kafka_broker_t *rkb,
                             !rd_kafka_txn_toppar_may_send_msg(rktp))) {
                 /* Partition not registered in transaction yet */
                 max_requests = 0;
-        } else if (max_requests > 0) {
+        } else if (max_requests > 0 && rd_kafka_is_idempotent(rkb->rkb_rk)) {
+                /* Patched for onceflow (vendor/README.md): the broker's
+                 * de-duplication window, checked before the wake-up time
+                 * is computed, so that a partition whose window is full
+                 * does not ask for an immediate wake-up (the response
+                 * that opens it wakes the broker thread). */
+                max_requests = RD_MIN(
+                    max_requests,
+                    RD_KAFKA_IDEMP_MAX_INFLIGHT -
+                        rd_atomic32_get(&rktp->rktp_reqs_inflight));
+        }
+
+        if (max_requests > 0) {
                 /* Move messages from locked partition produce queue
                  * to broker-local xmit queue. */
                 if ((move_cnt = rktp->rktp_msgq.rkmq_msg_cnt) > 0) {
@@ -4058,19 +4070,6 @@ static int rd_kafka_toppar_producer_serve(rd_kafka_broker_t *rkb,
                         rktp->rktp_eos.wait_drain = rd_false;
                 }
 
-                /* Limit the number of in-flight requests (per partition)
-                 * to the broker's sequence de-duplication window.
-                 * Patched for onceflow (vendor/README.md): `inflight`
-                 * counts messages, not requests, so the limit used to
-                 * allow one ProduceRequest per partition at a time and
-                 * left the broker thread polling with a zero timeout
-                 * until its response came. The requests awaiting a
-                 * response on this connection are counted instead, as
-                 * upstream pull request #4989 proposes. */
-                max_requests =
-                    RD_MIN(max_requests,
-                           RD_KAFKA_IDEMP_MAX_INFLIGHT -
-                               rd_kafka_bufq_cnt(&rkb->rkb_waitresps));
         }
 
 
