@@ -21,7 +21,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// second later: librdkafka frees and allocates its fetch and produce buffers all the time,
 /// and every page given back came back as a fresh page for the kernel to fault in and zero
 /// (87,000 page faults in a 19 s exactly-once run at 8 partitions, about 1,000 without
-/// purging; CPU 0.86 times, peak RSS 1.35 times, docs/benchmarks.md). The environment's
+/// purging; CPU 0.91 (0.85-0.95) times over 8 paired rounds, peak RSS 1.35 times in one
+/// run each, docs/benchmarks.md). The environment's
 /// `MIMALLOC_PURGE_DELAY` (milliseconds; mimalloc's own default is 1000) still decides when
 /// set.
 fn keep_freed_memory() {
