@@ -36,13 +36,16 @@ pub const METRICS_PORT: u16 = 9090;
 /// Where the ConfigMap is mounted.
 const CONFIG_DIR: &str = "/etc/onceflow/job";
 
-/// Resource requests, from the benchmark (docs/benchmarks.md): exactly-once used 143-176 MiB
-/// of RSS from 1 to 64 partitions and 4.5-7.5 us of CPU per record, so about half a core at
-/// the 86,000 records/s one instance reached on a 2-core machine. The memory limit leaves
-/// room for the producer's and consumer's queues at their defaults.
+/// Resource requests, from the benchmark (docs/benchmarks.md, 1 KiB records): exactly-once
+/// peaked at 244-408 MiB of RSS from 1 to 64 partitions on a fast broker and at 252-436 MiB
+/// on a slow one (the producer's queue holds what the broker has not taken yet; freed memory
+/// is kept for reuse), and used 4.3-5.9 us of CPU per record: 0.6-0.8 of a core at the
+/// 135,000-183,000 records/s one instance reached on a 2-core machine. The request is half a
+/// core, for a job that runs below its peak most of the time; the memory limit leaves room
+/// for a producer queue deeper than the benchmark's and the consumer's prefetch (64 MiB).
 const CPU_REQUEST: &str = "500m";
-const MEMORY_REQUEST: &str = "256Mi";
-const MEMORY_LIMIT: &str = "512Mi";
+const MEMORY_REQUEST: &str = "512Mi";
+const MEMORY_LIMIT: &str = "1Gi";
 
 /// The job's name as a Kubernetes object name (DNS-1123: lower case, `-` for `_` and `.`).
 pub fn object_name(topology_name: &str) -> Result<String, String> {
