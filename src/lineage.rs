@@ -1,25 +1,44 @@
 //! Lineage: every record a job writes to Kafka (an output or a dead letter) names the
-//! consumed record it came from, in `onceflow.origin.*` headers. Pure: headers in, headers
-//! out, unit-tested with plain values; the engine stamps records as it hands them to the
-//! transaction, and `onceflow reconcile` reads the stamps back.
+//! consumed record it came from. Pure: headers in, headers out, unit-tested with plain values;
+//! the engine stamps records as it hands them to the transaction, and `onceflow reconcile`
+//! reads the stamps back.
+//!
+//! An output carries one header, [`ORIGIN`] = `<topic>/<partition>/<offset>`, plus [`ID`]
+//! when the consumed record has an event id. The broker parses every header of every record
+//! it takes, so each header costs it CPU on every record (docs/benchmarks.md measures it):
+//! one header instead of three. Records written before carry the three headers
+//! [`TOPIC`], [`PARTITION`] and [`OFFSET`]; [`read`] reads both forms, and dead letters keep
+//! the three (`dlq inspect` and `dlq replay` read them; dead letters are few).
 //!
 //! The headers are added when a record is written, not by the pipeline: `onceflow test`
 //! compares what the pipeline makes, and an output's `headers: drop` drops the record's own
 //! headers, never its lineage (only `lineage: false` does).
 
+use std::io::Write as _;
+
 use crate::record::{Origin, Record};
 
-/// The topic of the consumed record.
+/// The consumed record, as `<topic>/<partition>/<offset>` (partition and offset in decimal;
+/// read from the right, so a topic may contain `/`).
+pub const ORIGIN: &str = "onceflow.origin";
+/// The topic of the consumed record, in the three-header form (dead letters, and outputs
+/// written before [`ORIGIN`]).
 pub const TOPIC: &str = "onceflow.origin.topic";
-/// Its partition, in decimal.
+/// Its partition, in decimal (three-header form).
 pub const PARTITION: &str = "onceflow.origin.partition";
-/// Its offset, in decimal.
+/// Its offset, in decimal (three-header form).
 pub const OFFSET: &str = "onceflow.origin.offset";
 /// Its event id: the value of its input's `id_header` (`message-id` by default), when it
 /// carries one.
 pub const ID: &str = "onceflow.origin.id";
 
 const PREFIX: &str = "onceflow.origin.";
+
+/// Whether `name` is a lineage header: [`ORIGIN`] or `onceflow.origin.*`.
+pub fn is_lineage(name: &str) -> bool {
+    name.strip_prefix(ORIGIN)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
 
 /// The event id of a consumed record: the value of header `name`, the last one if the
 /// header comes twice (as a header set later replaces an earlier one); `None` when absent or
@@ -35,22 +54,24 @@ pub fn event_id<'h>(
         .filter(|v| !v.is_empty())
 }
 
+/// The value of the [`ORIGIN`] header of `origin`.
+pub fn origin_value(origin: &Origin) -> Vec<u8> {
+    let mut v = Vec::with_capacity(origin.topic.len() + 24);
+    v.extend_from_slice(origin.topic.as_bytes());
+    // Writing into a Vec cannot fail.
+    let _ = write!(v, "/{}/{}", origin.partition, origin.offset);
+    v
+}
+
 /// Adds the lineage headers of `origin` (and of its event `id`) to `rec`, replacing any
-/// `onceflow.origin.*` header it carried already (a record consumed from another job's
+/// lineage header it carried already, in either form (a record consumed from another job's
 /// output names that job's origin, not this one's).
 pub fn stamp(rec: &mut Record, origin: &Origin, id: Option<&[u8]>) {
-    if rec.headers.iter().any(|(k, _)| k.starts_with(PREFIX)) {
-        rec.headers.retain(|(k, _)| !k.starts_with(PREFIX));
+    if rec.headers.iter().any(|(k, _)| is_lineage(k)) {
+        rec.headers.retain(|(k, _)| !is_lineage(k));
     }
-    rec.headers.reserve(3 + usize::from(id.is_some()));
-    rec.headers
-        .push((TOPIC.to_string(), origin.topic.as_bytes().to_vec()));
-    rec.headers.push((
-        PARTITION.to_string(),
-        origin.partition.to_string().into_bytes(),
-    ));
-    rec.headers
-        .push((OFFSET.to_string(), origin.offset.to_string().into_bytes()));
+    rec.headers.reserve(1 + usize::from(id.is_some()));
+    rec.headers.push((ORIGIN.to_string(), origin_value(origin)));
     if let Some(id) = id {
         rec.headers.push((ID.to_string(), id.to_vec()));
     }
@@ -74,13 +95,19 @@ pub enum Unstamped {
     Malformed,
 }
 
-/// Reads the lineage headers of a written record (the last of each, as [`stamp`] writes one).
+/// Reads the lineage headers of a written record, in either form (the last of each, as
+/// [`stamp`] writes one); [`ORIGIN`] wins over the three-header form when both are there.
 pub fn read<'h>(
     headers: impl Iterator<Item = (&'h str, &'h [u8])>,
 ) -> Result<Stamp<'h>, Unstamped> {
-    let (mut topic, mut partition, mut offset, mut id) = (None, None, None, None);
+    let (mut whole, mut topic, mut partition, mut offset, mut id) = (None, None, None, None, None);
     let mut any = false;
     for (k, v) in headers {
+        if k == ORIGIN {
+            any = true;
+            whole = Some(v);
+            continue;
+        }
         let Some(rest) = k.strip_prefix(PREFIX) else {
             continue;
         };
@@ -96,23 +123,39 @@ pub fn read<'h>(
     if !any {
         return Err(Unstamped::Absent);
     }
-    let number = |v: Option<&[u8]>| {
-        v.and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|s| s.parse::<i64>().ok())
+    let (topic, partition, offset) = match whole {
+        Some(v) => split_origin(v).ok_or(Unstamped::Malformed)?,
+        None => (
+            topic
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .ok_or(Unstamped::Malformed)?,
+            number(partition)
+                .and_then(|p| i32::try_from(p).ok())
+                .ok_or(Unstamped::Malformed)?,
+            number(offset).ok_or(Unstamped::Malformed)?,
+        ),
     };
-    let topic = topic
-        .and_then(|t| std::str::from_utf8(t).ok())
-        .ok_or(Unstamped::Malformed)?;
-    let partition = number(partition)
-        .and_then(|p| i32::try_from(p).ok())
-        .ok_or(Unstamped::Malformed)?;
-    let offset = number(offset).ok_or(Unstamped::Malformed)?;
     Ok(Stamp {
         topic,
         partition,
         offset,
         id,
     })
+}
+
+/// `<topic>/<partition>/<offset>`, split from the right.
+fn split_origin(v: &[u8]) -> Option<(&str, i32, i64)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let mut parts = s.rsplitn(3, '/');
+    let offset = parts.next()?.parse().ok()?;
+    let partition = parts.next()?.parse().ok()?;
+    let topic = parts.next().filter(|t| !t.is_empty())?;
+    Some((topic, partition, offset))
+}
+
+fn number(v: Option<&[u8]>) -> Option<i64> {
+    v.and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|s| s.parse().ok())
 }
 
 #[cfg(test)]
@@ -149,7 +192,8 @@ mod tests {
         let mut r = record(vec![("trace", "abc")]);
         stamp(&mut r, &origin(), Some(b"e-7"));
         let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, vec!["trace", TOPIC, PARTITION, OFFSET, ID]);
+        assert_eq!(names, vec!["trace", ORIGIN, ID]);
+        assert_eq!(r.headers[1].1, b"orders/3/42");
         assert_eq!(
             read(pairs(&r)),
             Ok(Stamp {
@@ -165,7 +209,7 @@ mod tests {
     fn without_an_event_id_there_is_no_id_header() {
         let mut r = record(vec![]);
         stamp(&mut r, &origin(), None);
-        assert_eq!(r.headers.len(), 3);
+        assert_eq!(r.headers.len(), 1);
         assert_eq!(read(pairs(&r)).map(|s| s.id), Ok(None));
     }
 
@@ -176,11 +220,13 @@ mod tests {
             (PARTITION, "0"),
             (OFFSET, "9"),
             (ID, "old"),
+            (ORIGIN, "upstream/1/2"),
             ("k", "v"),
+            ("onceflow.originals", "kept"),
         ]);
         stamp(&mut r, &origin(), None);
-        assert_eq!(r.headers.iter().filter(|(k, _)| k == TOPIC).count(), 1);
-        assert!(!r.headers.iter().any(|(k, _)| k == ID));
+        let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, vec!["k", "onceflow.originals", ORIGIN]);
         assert_eq!(read(pairs(&r)).map(|s| s.topic), Ok("orders"));
         assert_eq!(r.headers[0].0, "k");
     }
@@ -195,6 +241,66 @@ mod tests {
         assert_eq!(read(pairs(&bad)), Err(Unstamped::Malformed));
         let short = record(vec![(TOPIC, "t"), (OFFSET, "1")]);
         assert_eq!(read(pairs(&short)), Err(Unstamped::Malformed));
+        for bad in [
+            "t/1",
+            "t/x/1",
+            "t/1/x",
+            "/1/2",
+            "t/1/",
+            "",
+            "t/99999999999/1",
+        ] {
+            let r = record(vec![(ORIGIN, bad)]);
+            assert_eq!(read(pairs(&r)), Err(Unstamped::Malformed), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_three_header_form_of_earlier_records_reads_the_same() {
+        let old = record(vec![
+            (TOPIC, "orders"),
+            (PARTITION, "3"),
+            (OFFSET, "42"),
+            (ID, "e-7"),
+        ]);
+        let mut new = record(vec![]);
+        stamp(&mut new, &origin(), Some(b"e-7"));
+        assert_eq!(read(pairs(&old)), read(pairs(&new)));
+        assert!(read(pairs(&old)).is_ok());
+    }
+
+    #[test]
+    fn the_origin_is_split_from_the_right_so_a_topic_may_hold_slashes() {
+        let mut r = record(vec![]);
+        let o = Origin {
+            topic: "postgres:a/b".into(),
+            partition: 0,
+            offset: -1,
+        };
+        stamp(&mut r, &o, None);
+        assert_eq!(
+            read(pairs(&r)),
+            Ok(Stamp {
+                topic: "postgres:a/b",
+                partition: 0,
+                offset: -1,
+                id: None,
+            })
+        );
+    }
+
+    #[test]
+    fn the_one_header_form_wins_over_the_three() {
+        let r = record(vec![
+            (TOPIC, "old"),
+            (PARTITION, "0"),
+            (OFFSET, "0"),
+            (ORIGIN, "orders/3/42"),
+        ]);
+        assert_eq!(
+            read(pairs(&r)).map(|s| (s.topic, s.offset)),
+            Ok(("orders", 42))
+        );
     }
 
     #[test]

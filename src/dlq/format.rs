@@ -11,6 +11,9 @@ pub const H_KIND: &str = "onceflow.error.kind";
 pub const H_MESSAGE: &str = "onceflow.error.message";
 pub const H_STAGE: &str = "onceflow.error.stage";
 pub const H_ATTEMPTS: &str = "onceflow.error.attempts";
+// A dead letter names its original in the three-header form of lineage (outputs carry one
+// `onceflow.origin` header): `dlq inspect` and `dlq replay` read these, and dead letters are
+// few, so the broker's cost per header does not weigh here.
 pub const H_TOPIC: &str = crate::lineage::TOPIC;
 pub const H_PARTITION: &str = crate::lineage::PARTITION;
 pub const H_OFFSET: &str = crate::lineage::OFFSET;
