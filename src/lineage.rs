@@ -6,7 +6,7 @@
 //! An output carries one header, [`ORIGIN`] = `<topic>/<partition>/<offset>`, plus [`ID`]
 //! when the consumed record has an event id. The broker parses every header of every record
 //! it takes, so each header costs it CPU on every record (docs/benchmarks.md measures it):
-//! one header instead of three. Records written before carry the three headers
+//! one header instead of three. Records written by earlier versions carry the three headers
 //! [`TOPIC`], [`PARTITION`] and [`OFFSET`]; [`read`] reads both forms, and dead letters keep
 //! the three (`dlq inspect` and `dlq replay` read them; dead letters are few).
 //!

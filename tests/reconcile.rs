@@ -310,8 +310,6 @@ fn a_clean_run_with_fan_out_filters_and_dead_letters_reconciles() {
     assert_eq!(total(&report, "produced"), produced);
 }
 
-/// Writes `record` again to `topic[partition]` with the same headers, outside any
-/// transaction.
 /// The origin an output names in its `onceflow.origin` header: `<topic>/<partition>/<offset>`.
 fn origin_of(r: &ReadRecord) -> (String, i32, i64) {
     let v = &r.headers["onceflow.origin"];
@@ -338,6 +336,8 @@ fn in_three_headers(r: &ReadRecord) -> ReadRecord {
     old
 }
 
+/// Writes `record` again to `topic[partition]` with the same headers, outside any
+/// transaction.
 fn produce_again(topic: &str, r: &ReadRecord) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
