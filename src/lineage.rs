@@ -35,7 +35,7 @@ pub const ID: &str = "onceflow.origin.id";
 const PREFIX: &str = "onceflow.origin.";
 
 /// Whether `name` is a lineage header: [`ORIGIN`] or `onceflow.origin.*`.
-pub fn is_lineage(name: &str) -> bool {
+fn is_lineage(name: &str) -> bool {
     name.strip_prefix(ORIGIN)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
@@ -55,7 +55,7 @@ pub fn event_id<'h>(
 }
 
 /// The value of the [`ORIGIN`] header of `origin`.
-pub fn origin_value(origin: &Origin) -> Vec<u8> {
+fn origin_value(origin: &Origin) -> Vec<u8> {
     let mut v = Vec::with_capacity(origin.topic.len() + 24);
     v.extend_from_slice(origin.topic.as_bytes());
     // Writing into a Vec cannot fail.
