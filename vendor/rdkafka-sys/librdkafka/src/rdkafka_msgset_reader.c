@@ -915,6 +915,14 @@ rd_kafka_msgset_reader_msg_v2(rd_kafka_msgset_reader_t *msetr) {
         hdr.Headers.len =
             (int32_t)(message_end - rd_slice_offset(&rkbuf->rkbuf_reader));
         rd_kafka_buf_read_ptr(rkbuf, &hdr.Headers.data, hdr.Headers.len);
+        /* A record without headers ends in one byte, the varint 0 of its
+         * header count. Mark it as having none now, while that byte is at
+         * hand: reading its headers later (rd_kafka_message_headers())
+         * then neither allocates a parse buffer nor reaches back into the
+         * fetched payload for it. */
+        if (hdr.Headers.len == 1 &&
+            *(const unsigned char *)hdr.Headers.data == 0)
+                hdr.Headers.len = 0;
 
         /* Create op/message container for message. */
         rko = rd_kafka_op_new_fetch_msg(
