@@ -1,5 +1,7 @@
 //! What the machine was doing while a cell ran, from `/proc`: the load average, the CPU time
-//! of the whole machine, of the broker and of the process under test.
+//! of the whole machine, of the broker and of the process under test, what the broker read
+//! from storage and what memory the kernel reclaimed; and the page cache filled before the
+//! first cell ([`PageCacheFill`]).
 //!
 //! The broker is found by the port it listens on (`/proc/net/tcp*`, then the process holding
 //! that socket), so a broker the bench did not start is measured too, as long as it runs on
@@ -43,6 +45,90 @@ fn parse_pid_stat(stat: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Bytes process `pid` has had read from storage so far (`read_bytes` of `/proc/<pid>/io`):
+/// a broker reads from storage what is no longer in the page cache.
+pub fn process_read_bytes(pid: u32) -> Option<u64> {
+    parse_io_read_bytes(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+fn parse_io_read_bytes(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Bytes of memory the kernel has reclaimed so far, machine-wide (`pgsteal_kswapd` and
+/// `pgsteal_direct` of `/proc/vmstat`, in pages of 4 KiB): with memory full of page cache,
+/// every page the broker writes takes one back, on its own CPU when the reclaim is direct.
+pub fn reclaimed_bytes() -> Option<u64> {
+    parse_vmstat_reclaimed(&std::fs::read_to_string("/proc/vmstat").ok()?)
+}
+
+fn parse_vmstat_reclaimed(text: &str) -> Option<u64> {
+    let pages = text
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(' ')?;
+            matches!(name, "pgsteal_kswapd" | "pgsteal_direct")
+                .then(|| value.trim().parse::<u64>().ok())?
+        })
+        .fold(None, |sum: Option<u64>, n| Some(sum.unwrap_or(0) + n))?;
+    Some(pages * 4096)
+}
+
+/// Bytes of memory free so far (`MemFree` of `/proc/meminfo`): neither used nor cache.
+pub fn mem_free_bytes() -> Option<u64> {
+    parse_meminfo_free(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+fn parse_meminfo_free(text: &str) -> Option<u64> {
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemFree:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The page cache filled with the holes of a sparse file, kept until dropped: no byte on
+/// disk, and clean pages the kernel reclaims at once when anything needs memory.
+///
+/// Why: a broker appends to its log through the page cache. Taken from free memory, each new
+/// page is a first touch, and where free memory is given back to a hypervisor (free page
+/// reporting, as on the machine of docs/benchmarks.md) a first touch costs the broker
+/// several times the CPU of a page reclaimed from the cache ("The broker's slow mode is fresh
+/// memory"). A broker that has run for a while has memory full of its page cache; this puts
+/// the machine in that state before the first cell instead of during the first ones.
+pub struct PageCacheFill {
+    path: std::path::PathBuf,
+}
+
+impl PageCacheFill {
+    /// Creates a sparse file of `bytes` in `dir` and reads it once through.
+    pub fn new(dir: &Path, bytes: u64) -> std::io::Result<PageCacheFill> {
+        use std::io::Read;
+        let path = dir.join("page-cache-fill");
+        // Owned first, so that an error below still removes the file.
+        let fill = PageCacheFill { path };
+        std::fs::File::create(&fill.path)?.set_len(bytes)?;
+        let mut file = std::fs::File::open(&fill.path)?;
+        let mut buf = vec![0u8; 1 << 20];
+        while file.read(&mut buf)? > 0 {}
+        Ok(fill)
+    }
+}
+
+impl Drop for PageCacheFill {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Busy and total CPU time of the whole machine so far (the `cpu` line of `/proc/stat`), in
@@ -176,6 +262,17 @@ mod tests {
         let tps = ticks_per_s();
         assert!((cpu.total_s - 1000.0 / tps).abs() < 1e-9);
         assert!((cpu.busy_s - 150.0 / tps).abs() < 1e-9);
+        let io =
+            "rchar: 900\nwchar: 100\nsyscr: 3\nsyscw: 1\nread_bytes: 8192\nwrite_bytes: 4096\n";
+        assert_eq!(parse_io_read_bytes(io), Some(8192));
+        assert_eq!(parse_io_read_bytes("rchar: 900\n"), None);
+        let vmstat =
+            "pgsteal_kswapd 10\npgsteal_direct 5\npgsteal_khugepaged 7\npgscan_kswapd 99\n";
+        assert_eq!(parse_vmstat_reclaimed(vmstat), Some(15 * 4096));
+        assert_eq!(parse_vmstat_reclaimed("pgscan_kswapd 99\n"), None);
+        let meminfo = "MemTotal:       24684048 kB\nMemFree:         1164000 kB\nCached: 1 kB\n";
+        assert_eq!(parse_meminfo_free(meminfo), Some(1_164_000 * 1024));
+        assert_eq!(parse_meminfo_free("MemTotal: 1 kB\n"), None);
     }
 
     #[test]
@@ -193,5 +290,17 @@ mod tests {
             Some(49092)
         );
         assert_eq!(bootstrap_port("nohost"), None);
+    }
+
+    #[test]
+    fn the_page_cache_fill_takes_no_disk_and_goes_with_its_owner() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fill = PageCacheFill::new(dir.path(), 8 << 20).unwrap();
+        let meta = std::fs::metadata(dir.path().join("page-cache-fill")).unwrap();
+        assert_eq!(meta.len(), 8 << 20);
+        assert_eq!(meta.blocks(), 0, "a sparse file: holes only");
+        drop(fill);
+        assert!(!dir.path().join("page-cache-fill").exists());
     }
 }

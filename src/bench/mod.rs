@@ -159,6 +159,8 @@ pub struct BenchConfig {
     pub probe_load: Option<f64>,
     /// Run Kafka's ProducerPerformance and ConsumerPerformance as a cross-check.
     pub kafka_perf: bool,
+    /// Fill the page cache before the first cell ([`machine::PageCacheFill`]).
+    pub fill_page_cache: bool,
     /// Give up on a cell after this long.
     pub cell_timeout: Duration,
     /// Rounds: every mode of a partition count runs once per round, in plan order.
@@ -300,6 +302,11 @@ pub struct CellResult {
     /// Cores used in the window by everything else: the machine less the cell's processes,
     /// the broker and this bench (its reader). What makes a cell noisy.
     pub other_cores: Option<f64>,
+    /// MiB the broker read from storage in the window: records no longer in the page cache.
+    pub broker_read_mib: Option<f64>,
+    /// MiB of memory the kernel reclaimed in the window, machine-wide (docs/benchmarks.md,
+    /// "Where the broker's slow runs come from").
+    pub reclaimed_mib: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -326,6 +333,8 @@ impl CellResult {
             broker_cores: None,
             machine_cores: None,
             other_cores: None,
+            broker_read_mib: None,
+            reclaimed_mib: None,
             error: None,
         }
     }
@@ -510,6 +519,11 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let work = std::env::temp_dir().join(format!("onceflow-bench-{run_id}-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(BenchError::io(work.display()))?;
 
+    let fill = if cfg.fill_page_cache {
+        fill_page_cache(&work)
+    } else {
+        None
+    };
     warm_up(cfg, bootstrap, &admin, run_id)?;
 
     let specs = plan(cfg);
@@ -551,6 +565,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let _ = std::fs::remove_dir_all(&work);
     broker.keep_logs = results.iter().any(|r| r.error.is_some());
     drop(broker);
+    drop(fill);
     write_reports(cfg, &results)?;
     Ok(results)
 }
@@ -596,6 +611,40 @@ fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchE
     Ok(())
 }
 
+/// Memory left free for the processes of a cell when the page cache is filled.
+const FILL_MARGIN: u64 = 1 << 30;
+
+/// Fills the page cache with the free memory less [`FILL_MARGIN`], in `dir`; `None` when less
+/// than that is free or the file cannot be made (said on standard error: the run goes on).
+fn fill_page_cache(dir: &Path) -> Option<machine::PageCacheFill> {
+    let bytes = machine::mem_free_bytes()?.checked_sub(FILL_MARGIN)?;
+    if bytes < FILL_MARGIN {
+        return None;
+    }
+    let gib = bytes as f64 / f64::from(1u32 << 30);
+    eprintln!(
+        "filling the page cache with {gib:.1} GiB (a sparse file's pages, nothing on disk), as \
+         a broker's log fills it over time..."
+    );
+    let started = Instant::now();
+    match machine::PageCacheFill::new(dir, bytes) {
+        Ok(fill) => {
+            eprintln!(
+                "page cache filled in {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            Some(fill)
+        }
+        Err(e) => {
+            eprintln!("could not fill the page cache in {}: {e}", dir.display());
+            None
+        }
+    }
+}
+
+/// Records of the broker's warm-up (or `--records`, if fewer).
+const WARM_UP_RECORDS: u64 = 1_000_000;
+
 /// Writes and reads a throwaway topic first, so the first cell does not pay for a broker that
 /// has just started (class loading, JIT, the transaction and offsets topics' first loads).
 fn warm_up(
@@ -605,7 +654,7 @@ fn warm_up(
     run_id: u64,
 ) -> Result<(), BenchError> {
     let topic = format!("onceflow-bench-{run_id}-warm-up");
-    let records = cfg.records.unwrap_or(50_000).min(50_000);
+    let records = cfg.records.unwrap_or(WARM_UP_RECORDS).min(WARM_UP_RECORDS);
     let partitions = cfg.partitions.iter().copied().max().unwrap_or(1);
     admin.create_topic(&topic, partitions)?;
     let result = kafka::preload(
@@ -664,6 +713,8 @@ struct Snapshot {
     /// CPU seconds of this bench process (its reader of the output).
     bench_cpu: Option<f64>,
     machine: Option<machine::MachineCpu>,
+    broker_read: Option<u64>,
+    reclaimed: Option<u64>,
 }
 
 impl Snapshot {
@@ -679,9 +730,22 @@ impl Snapshot {
             broker_cpu: broker_pid.and_then(machine::process_cpu_s),
             bench_cpu: machine::process_cpu_s(std::process::id()),
             machine: machine::machine_cpu(),
+            broker_read: broker_pid.and_then(machine::process_read_bytes),
+            reclaimed: machine::reclaimed_bytes(),
         }
     }
+
+    /// The broker's reads from storage and the memory reclaimed from `self` to `end`, in MiB.
+    fn memory_until(&self, end: &Snapshot) -> (Option<f64>, Option<f64>) {
+        let mib = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?) as f64 / MIB);
+        (
+            mib(self.broker_read, end.broker_read),
+            mib(self.reclaimed, end.reclaimed),
+        )
+    }
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// The rate of a pipeline's latency probe: `probe_rate`, or the share `probe_load` of the
 /// rate the pipeline was measured at (never below 1 record a second).
@@ -1228,6 +1292,7 @@ impl CellCtx<'_> {
         result.window_records = Some(end.visible.saturating_sub(start.visible));
         result.window_cpu_s = delta(start.procs_cpu, end.procs_cpu);
         result.load1 = load;
+        (result.broker_read_mib, result.reclaimed_mib) = start.memory_until(&end);
         if window > 0.0 {
             result.broker_cores = delta(start.broker_cpu, end.broker_cpu).map(|c| c / window);
             result.machine_cores = match (start.machine, end.machine) {
@@ -1344,6 +1409,7 @@ impl CellCtx<'_> {
         result.window_cpu_s = Some(ran.cpu_s);
         result.peak_rss_mib = ran.rss_kib.map(|k| k as f64 / 1024.0);
         result.load1 = machine::load1();
+        (result.broker_read_mib, result.reclaimed_mib) = before.memory_until(&after);
         if window > 0.0 {
             result.broker_cores = before
                 .broker_cpu

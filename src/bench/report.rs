@@ -25,7 +25,7 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,other_cores,noisy,short,error";
+pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,other_cores,broker_read_mib,reclaimed_mib,noisy,short,error";
 
 /// Writes every cell so far (rewritten after each cell, so an interrupted run keeps its rows).
 pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
@@ -38,7 +38,7 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
         let e2e = r.e2e.as_ref();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.partitions,
             r.spec.label(),
             r.spec.instances,
@@ -69,6 +69,8 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
             opt(r.broker_cores, 2),
             opt(r.machine_cores, 2),
             opt(r.other_cores, 2),
+            opt(r.broker_read_mib, 0),
+            opt(r.reclaimed_mib, 0),
             r.noisy(cores),
             r.short(cfg),
             r.error
@@ -99,6 +101,10 @@ fn summary(s: Option<Summary>, f: impl Fn(f64) -> String) -> String {
 
 fn x2(v: f64) -> String {
     format!("{v:.2}")
+}
+
+fn x0(v: f64) -> String {
+    format!("{v:.0}")
 }
 
 /// The distinct cell kinds in plan order.
@@ -267,6 +273,11 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
     let busy = Summary::of(timed.iter().filter_map(|r| r.machine_cores));
     let other = Summary::of(timed.iter().filter_map(|r| r.other_cores));
     let noisy = timed.iter().filter(|r| r.noisy(cores)).count();
+    // Over the measured windows (Kafka's tools have none: their readings span their run).
+    let windowed = || timed.iter().filter(|r| !r.spec.is_cross_check());
+    let per_s = |v: Option<f64>, r: &&CellResult| Some(v? / r.window_s.filter(|w| *w > 0.0)?);
+    let read = Summary::of(windowed().filter_map(|r| per_s(r.broker_read_mib, r)));
+    let reclaimed = Summary::of(windowed().filter_map(|r| per_s(r.reclaimed_mib, r)));
     let _ = writeln!(md, "Command: `{}`\n", cfg.command);
     let _ = writeln!(md, "Machine: {}.", machine::describe());
     let _ = writeln!(
@@ -290,6 +301,16 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
             timed.len()
         )
     };
+    if read.is_some() || reclaimed.is_some() {
+        let _ = writeln!(
+            md,
+            "Memory, MiB/s in the windows: the broker read {} from storage (records no longer \
+             in the page cache); the kernel reclaimed {} machine-wide (once memory is full \
+             of page cache, new writes take pages back).",
+            summary(read, x0),
+            summary(reclaimed, x0),
+        );
+    }
     let _ = writeln!(md, "Verdict: {verdict}.\n");
     let sizing = match cfg.records {
         Some(_) => "fixed by --records",
@@ -311,7 +332,7 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
         "Input: records of {} B, {sizing}, per partition count ({}); the first {} s after a \
          cell is ready are not measured, the quickest mode is measured for about {} s; {} rounds, the \
          modes of a partition count interleaved; producer linger.ms {} / batch.size {}, \
-         idempotent; latency probe {} for {} s.\n",
+         idempotent; latency probe {} for {} s; {}.\n",
         cfg.record_size,
         records.join(", "),
         cfg.warmup_secs,
@@ -324,6 +345,12 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
             None => format!("{} records/s", cfg.probe_rate),
         },
         cfg.probe_secs,
+        if cfg.fill_page_cache {
+            "the page cache filled before the first cell (free memory taken by a sparse \
+             file's pages, as a broker's log takes it over time)"
+        } else {
+            "the page cache not filled first (--no-page-cache-fill)"
+        },
     );
 }
 
@@ -554,11 +581,11 @@ fn cells_table(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
     let cores = machine::cores();
     let _ = writeln!(
         md,
-        "\n| partitions | round | mode | records/s | window s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | CPU µs / record | start-up s | load | broker cores | machine cores | |"
+        "\n| partitions | round | mode | records/s | window s | commits | commit p50 / p99 ms | e2e p50 / p99 ms | peak RSS MiB | CPU µs / record | start-up s | load | broker cores | machine cores | broker reads MiB | reclaimed MiB | |"
     );
     let _ = writeln!(
         md,
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     );
     let dash = || "–".to_string();
     for r in results {
@@ -578,7 +605,7 @@ fn cells_table(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
         let f = |v: Option<f64>, d: usize| v.map(|v| format!("{v:.d$}")).unwrap_or_else(dash);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.partitions,
             r.round,
             r.spec.label(),
@@ -604,6 +631,8 @@ fn cells_table(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
             f(r.load1, 1),
             f(r.broker_cores, 2),
             f(r.machine_cores, 2),
+            f(r.broker_read_mib, 0),
+            f(r.reclaimed_mib, 0),
             flags.join(", "),
         );
     }
@@ -758,6 +787,7 @@ pub(super) mod tests {
             probe_secs: 0.0,
             probe_load: None,
             kafka_perf: false,
+            fill_page_cache: true,
             cell_timeout: std::time::Duration::from_secs(1),
             rounds: 3,
             command: "onceflow bench".into(),
@@ -862,5 +892,28 @@ pub(super) mod tests {
         assert!(md.contains("| 1 | 1000 (300–3000) |"), "{md}");
         let quiet = markdown(&cfg(), &[cell(alos(), 0, 100.0)]);
         assert!(quiet.contains("**quiet**"), "{quiet}");
+        assert!(
+            !quiet.contains("Memory, MiB/s"),
+            "no readings, no line: {quiet}"
+        );
+    }
+
+    #[test]
+    fn the_report_gives_the_brokers_reads_and_the_memory_reclaimed_per_second() {
+        // 20 s windows: 200 and 600 MiB read, 2,000 and 6,000 MiB reclaimed.
+        let mut a = cell(alos(), 0, 100.0);
+        (a.broker_read_mib, a.reclaimed_mib) = (Some(200.0), Some(2000.0));
+        let mut b = cell(alos(), 1, 100.0);
+        (b.broker_read_mib, b.reclaimed_mib) = (Some(600.0), Some(6000.0));
+        let md = markdown(&cfg(), &[a, b]);
+        assert!(
+            md.contains("the broker read 20 (10–30) from storage"),
+            "{md}"
+        );
+        assert!(md.contains("the kernel reclaimed 200 (100–300)"), "{md}");
+        assert!(
+            md.contains("| 200 | 2000 |  |"),
+            "the cell's own figures: {md}"
+        );
     }
 }

@@ -85,6 +85,12 @@ pub struct BenchArgs {
     /// Leave out Kafka's ProducerPerformance / ConsumerPerformance cross-check.
     #[arg(long)]
     no_kafka_perf: bool,
+    /// Do not fill the page cache before the first cell. By default the free memory (less
+    /// 1 GiB) is taken by the page cache of a sparse file, as a broker's log takes it over
+    /// time, so that no cell pays for the first touch of fresh memory (docs/benchmarks.md,
+    /// "The broker's slow mode is fresh memory").
+    #[arg(long)]
+    no_page_cache_fill: bool,
     /// Run a ceiling client instead of the bench (what the bench starts as a child process):
     /// `produce` writes --records records to --client-topic and waits for SIGTERM; `rpw`
     /// reads --client-topic and writes it to --client-output until SIGTERM.
@@ -220,6 +226,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
         probe_secs: args.probe_secs,
         probe_load: args.probe_load,
         kafka_perf: !args.no_kafka_perf,
+        fill_page_cache: !args.no_page_cache_fill,
         cell_timeout: Duration::from_secs(args.cell_timeout_secs),
         rounds: args.rounds,
         command: command_line(),
