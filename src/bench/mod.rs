@@ -305,7 +305,7 @@ pub struct CellResult {
     /// MiB the broker read from storage in the window: records no longer in the page cache.
     pub broker_read_mib: Option<f64>,
     /// MiB of memory the kernel reclaimed in the window, machine-wide (docs/benchmarks.md,
-    /// "Where the broker's slow runs come from").
+    /// "The broker's slow mode is fresh memory").
     pub reclaimed_mib: Option<f64>,
     pub error: Option<String>,
 }
