@@ -21,7 +21,7 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         .args(["--records", &RECORDS.to_string(), "--record-size", "512"])
         .args(["--partitions", "2", "--eos-commit-ms", "100"])
         .args(["--rounds", "2", "--warmup-secs", "0", "--measure-secs", "1"])
-        .args(["--no-kstreams", "--no-kafka-perf"])
+        .args(["--no-kstreams", "--no-kafka-perf", "--no-page-cache-fill"])
         .args(["--probe-rate", "200", "--probe-secs", "1"])
         .args(["--cell-timeout-secs", "40"])
         .arg("--out")
@@ -34,6 +34,10 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
     assert!(
         status.success(),
         "onceflow bench failed: {status}: {stderr}"
+    );
+    assert!(
+        !stderr.contains("filling the page cache"),
+        "--no-page-cache-fill: {stderr}"
     );
     // Not on a terminal, the progress bar is hidden: a line per cell says how far it is.
     let cells: Vec<&str> = stderr.lines().filter(|l| l.starts_with("cell ")).collect();

@@ -519,7 +519,8 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
     let work = std::env::temp_dir().join(format!("onceflow-bench-{run_id}-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(BenchError::io(work.display()))?;
 
-    let fill = if cfg.fill_page_cache {
+    // Only a broker on this machine writes into this machine's memory.
+    let fill = if cfg.fill_page_cache && broker_pid.is_some() {
         fill_page_cache(&work)
     } else {
         None

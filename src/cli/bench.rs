@@ -85,8 +85,8 @@ pub struct BenchArgs {
     /// Leave out Kafka's ProducerPerformance / ConsumerPerformance cross-check.
     #[arg(long)]
     no_kafka_perf: bool,
-    /// Do not fill the page cache before the first cell. By default the free memory (less
-    /// 1 GiB) is taken by the page cache of a sparse file, as a broker's log takes it over
+    /// Do not fill the page cache before the first cell. By default, when the broker runs on
+    /// this machine, the free memory (less 1 GiB) is taken by the page cache of a sparse file, as a broker's log takes it over
     /// time, so that no cell pays for the first touch of fresh memory (docs/benchmarks.md,
     /// "The broker's slow mode is fresh memory").
     #[arg(long)]
