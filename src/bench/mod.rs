@@ -159,7 +159,9 @@ pub struct BenchConfig {
     pub probe_load: Option<f64>,
     /// Run Kafka's ProducerPerformance and ConsumerPerformance as a cross-check.
     pub kafka_perf: bool,
-    /// Fill the page cache before the first cell ([`machine::PageCacheFill`]).
+    /// Fill the page cache before the first cell ([`machine::PageCacheFill`]); in the
+    /// report, whether it was filled (only a broker on this machine is filled for, and only
+    /// with more than 2 GiB free).
     pub fill_page_cache: bool,
     /// Give up on a cell after this long.
     pub cell_timeout: Duration,
@@ -524,6 +526,11 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
         fill_page_cache(&work)
     } else {
         None
+    };
+    // From here on (the report included), whether it was filled, not whether it was asked.
+    let cfg = &BenchConfig {
+        fill_page_cache: fill.is_some(),
+        ..cfg.clone()
     };
     warm_up(cfg, bootstrap, &admin, run_id)?;
 

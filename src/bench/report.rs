@@ -349,7 +349,7 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
             "the page cache filled before the first cell (free memory taken by a sparse \
              file's pages, as a broker's log takes it over time)"
         } else {
-            "the page cache not filled first (--no-page-cache-fill)"
+            "the page cache not filled first"
         },
     );
 }

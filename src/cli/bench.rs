@@ -86,9 +86,9 @@ pub struct BenchArgs {
     #[arg(long)]
     no_kafka_perf: bool,
     /// Do not fill the page cache before the first cell. By default, when the broker runs on
-    /// this machine, the free memory (less 1 GiB) is taken by the page cache of a sparse file, as a broker's log takes it over
-    /// time, so that no cell pays for the first touch of fresh memory (docs/benchmarks.md,
-    /// "The broker's slow mode is fresh memory").
+    /// this machine, the free memory (less 1 GiB) is taken by the page cache of a sparse
+    /// file, as a broker's log takes it over time, so that no cell pays for the first touch
+    /// of fresh memory (docs/benchmarks.md, "The broker's slow mode is fresh memory").
     #[arg(long)]
     no_page_cache_fill: bool,
     /// Run a ceiling client instead of the bench (what the bench starts as a child process):
