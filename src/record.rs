@@ -4,10 +4,14 @@
 //! These are plain values: every layer (source, codec, transform, sink, transaction owner)
 //! speaks them, and none of them knows Kafka client or async types.
 
+use std::sync::Arc;
+
 /// Where a consumed record came from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Origin {
-    pub topic: String,
+    /// Shared, not copied: every record of a topic names it, and a record's origin is made
+    /// and cloned on the hot path (the Kafka source keeps one per topic).
+    pub topic: Arc<str>,
     pub partition: i32,
     pub offset: i64,
 }

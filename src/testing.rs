@@ -326,7 +326,7 @@ fn input_record(
             .collect(),
         timestamp: input.timestamp,
         origin: Origin {
-            topic,
+            topic: topic.into(),
             partition: 0,
             offset: n as i64,
         },

@@ -68,7 +68,7 @@ pub fn dead_letter(
     add(&mut rec.headers, H_MESSAGE, failure.message.clone());
     add(&mut rec.headers, H_STAGE, failure.stage.clone());
     add(&mut rec.headers, H_ATTEMPTS, failure.attempts.to_string());
-    add(&mut rec.headers, H_TOPIC, o.topic.clone());
+    add(&mut rec.headers, H_TOPIC, o.topic.to_string());
     add(&mut rec.headers, H_PARTITION, o.partition.to_string());
     add(&mut rec.headers, H_OFFSET, o.offset.to_string());
     if let Some(ts) = original.timestamp {

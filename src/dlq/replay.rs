@@ -66,7 +66,7 @@ pub fn replay(
     read_to_end(&consumer, topic, |msg| -> Result<(), DlqError> {
         let d = DeadLetter::from_message(msg);
         let origin = Origin {
-            topic: topic.to_string(),
+            topic: topic.into(),
             partition: d.partition,
             offset: d.offset,
         };

@@ -511,7 +511,7 @@ impl<'t> Job<'t> {
         // common path copies key, value and headers once.
         let processed = self
             .pipeline
-            .process(source::to_record(msg), &mut self.produced)
+            .process(source::to_record(msg, origin.clone()), &mut self.produced)
             .and_then(|()| check_sizes(&self.produced, self.max_message_bytes));
         if processed.is_err() || !txn.has_participants() {
             return Ok(processed);
@@ -588,7 +588,7 @@ impl<'t> Job<'t> {
                 let _ =
                     txn.abort_and_rewind(consumer, AbortReason::TransformFailed, &e.to_string());
                 Err(EngineError::Transform {
-                    topic: origin.topic,
+                    topic: origin.topic.to_string(),
                     partition: origin.partition,
                     offset: origin.offset,
                     message: e.to_string(),
@@ -646,7 +646,7 @@ impl<'t> Job<'t> {
 
     fn dead_letter(&self, msg: &BorrowedMessage<'_>, e: &RecordError, attempts: u32) -> Record {
         let mut letter = dlq::dead_letter(
-            &source::to_record(msg),
+            &source::to_record(msg, source::origin_of(msg)),
             &dlq::Failure {
                 kind: e.kind.name().to_string(),
                 message: e.message.clone(),

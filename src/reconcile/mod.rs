@@ -754,7 +754,10 @@ fn expect(
         by_event_id: Vec::new(),
     };
     if pipeline
-        .process(crate::source::kafka::to_record(msg), produced)
+        .process(
+            crate::source::kafka::to_record(msg, crate::source::kafka::origin_of(msg)),
+            produced,
+        )
         .is_err()
     {
         return fails;

@@ -162,7 +162,7 @@ pub fn record_failed(
     on_error: crate::topology::OnError,
     attempts: u32,
 ) {
-    let (topic, partition, offset) = (origin.topic.as_str(), origin.partition, origin.offset);
+    let (topic, partition, offset) = (&*origin.topic, origin.partition, origin.offset);
     let kind = error.kind.name();
     let stage = error.stage.to_string();
     match on_error {
@@ -185,7 +185,7 @@ pub fn record_failed(
 pub fn partition_paused(origin: &crate::record::Origin, for_: Duration) {
     counter!(m::RETRIES, "stage" => "pause").increment(1);
     warn!(
-        topic = origin.topic.as_str(),
+        topic = &*origin.topic,
         partition = origin.partition,
         offset = origin.offset,
         pause_ms = for_.as_millis() as u64,
@@ -207,7 +207,7 @@ pub fn record_retry(
 ) {
     counter!(m::RETRIES, "stage" => "pipeline").increment(1);
     warn!(
-        topic = origin.topic.as_str(),
+        topic = &*origin.topic,
         partition = origin.partition,
         offset = origin.offset,
         attempt,
@@ -360,7 +360,7 @@ pub fn participant_refused(
     };
     warn!(
         output = %failure.stage,
-        topic = origin.map_or("", |o| o.topic.as_str()),
+        topic = origin.map_or("", |o| &*o.topic),
         partition = origin.map_or(-1, |o| o.partition),
         offset = origin.map_or(-1, |o| o.offset),
         error = failure.message.as_str(),

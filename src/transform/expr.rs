@@ -398,7 +398,7 @@ impl VariableResolver for Resolver<'_, '_, '_> {
                 Some(t) => Box::new(CelInt::from(t)),
                 None => Box::new(CelNull),
             },
-            "topic" => Box::new(CelString::from(scope.origin.topic.as_str())),
+            "topic" => Box::new(CelString::from(&*scope.origin.topic)),
             "partition" => Box::new(CelInt::from(i64::from(scope.origin.partition))),
             "offset" => Box::new(CelInt::from(scope.origin.offset)),
             _ => return None,

@@ -196,7 +196,7 @@ impl Pipeline {
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), RecordError> {
         let value = record.value;
-        let body = match self.decoders.get(&record.origin.topic) {
+        let body = match self.decoders.get(&*record.origin.topic) {
             Some(decoder) => decoder.decode(value.as_deref()),
             None => crate::codec::raw::Raw.decode(value.as_deref()),
         }
@@ -209,7 +209,7 @@ impl Pipeline {
         let key_decoder = if self.key_decoders.is_empty() {
             None
         } else {
-            self.key_decoders.get(&record.origin.topic)
+            self.key_decoders.get(&*record.origin.topic)
         };
         let key_doc = match key_decoder {
             None => None,
@@ -331,7 +331,7 @@ impl Pipeline {
                         headers: Vec::new(),
                         timestamp: None,
                         origin: Origin {
-                            topic: String::new(),
+                            topic: "".into(),
                             partition: 0,
                             offset: 0,
                         },

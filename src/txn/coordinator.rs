@@ -281,7 +281,7 @@ impl Txn {
         self.refused.retain(|o, _| {
             !offsets
                 .to_commit()
-                .any(|(t, p, next)| p == o.partition && t == o.topic && next > o.offset)
+                .any(|(t, p, next)| p == o.partition && t == &*o.topic && next > o.offset)
         });
     }
 
@@ -925,7 +925,9 @@ impl Txn {
                     .first_of(elem.topic(), elem.partition())
                     .or_else(|| {
                         in_hand
-                            .filter(|o| o.topic == elem.topic() && o.partition == elem.partition())
+                            .filter(|o| {
+                                &*o.topic == elem.topic() && o.partition == elem.partition()
+                            })
                             .map(|o| o.offset)
                     }),
             };

@@ -43,7 +43,7 @@ impl Source {
             Source::Key => record.key.as_ref().map_or(Value::Null, |k| {
                 Value::String(String::from_utf8_lossy(k).into())
             }),
-            Source::Topic => Value::String(record.origin.topic.clone()),
+            Source::Topic => Value::String(record.origin.topic.to_string()),
             Source::Partition => Value::from(record.origin.partition),
             Source::Offset => Value::from(record.origin.offset),
             Source::Timestamp => record.timestamp.map_or(Value::Null, Value::from),
@@ -242,7 +242,7 @@ impl Staged {
         self.mids.push(mid);
         self.deleted.push(deleted);
         self.origins.push(record.origin.clone());
-        self.origin_topics.push(record.origin.topic.clone());
+        self.origin_topics.push(record.origin.topic.to_string());
         self.origin_partitions.push(record.origin.partition);
         self.origin_offsets.push(record.origin.offset);
         Ok(true)

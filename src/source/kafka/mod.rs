@@ -3,6 +3,8 @@
 
 mod context;
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::TopicPartitionList;
@@ -21,10 +23,32 @@ pub const MESSAGE_ID_HEADER: &str = "message-id";
 /// Where a consumed message came from.
 pub fn origin_of(msg: &impl Message) -> Origin {
     Origin {
-        topic: msg.topic().to_string(),
+        topic: topic_name(msg.topic()),
         partition: msg.partition(),
         offset: msg.offset(),
     }
+}
+
+/// Topic names kept per thread for [`topic_name`]: a job reads a handful of topics.
+const KEPT_TOPIC_NAMES: usize = 64;
+
+/// `name` as a shared string, the same one for every record of the topic: a reference count
+/// raised instead of a string allocated, copied and freed for each record. Past
+/// [`KEPT_TOPIC_NAMES`] names (a pattern subscription to many topics), the rest are copied.
+fn topic_name(name: &str) -> Arc<str> {
+    thread_local! {
+        static NAMES: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
+    }
+    NAMES.with_borrow_mut(|names| {
+        if let Some(kept) = names.iter().find(|n| ***n == *name) {
+            return Arc::clone(kept);
+        }
+        let new: Arc<str> = Arc::from(name);
+        if names.len() < KEPT_TOPIC_NAMES {
+            names.push(Arc::clone(&new));
+        }
+        new
+    })
 }
 
 /// Key and value bytes of a consumed message.
@@ -32,8 +56,9 @@ pub fn consumed_bytes(msg: &BorrowedMessage<'_>) -> usize {
     msg.key().map_or(0, <[u8]>::len) + msg.payload().map_or(0, <[u8]>::len)
 }
 
-/// The record of a consumed message: key, value and headers copied once.
-pub fn to_record(msg: &impl Message) -> Record {
+/// The record of a consumed message from `origin` ([`origin_of`]): key, value and headers
+/// copied once.
+pub fn to_record(msg: &impl Message, origin: Origin) -> Record {
     // The value first: its copy streams through the fetched record, so the headers that
     // follow it are in the cache when they are read.
     let value = msg.payload().map(<[u8]>::to_vec);
@@ -55,7 +80,7 @@ pub fn to_record(msg: &impl Message) -> Record {
         value,
         headers,
         timestamp: msg.timestamp().to_millis(),
-        origin: origin_of(msg),
+        origin,
     }
 }
 
@@ -172,7 +197,7 @@ impl Paused {
             )
             .map_err(|e| fail("seek", e))?;
         self.until.push((
-            origin.topic.clone(),
+            origin.topic.to_string(),
             origin.partition,
             Instant::now() + for_,
         ));
@@ -212,6 +237,28 @@ impl Paused {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_topic_name_is_shared_by_its_records_up_to_the_kept_count() {
+        let a = topic_name("orders");
+        assert!(
+            Arc::ptr_eq(&a, &topic_name("orders")),
+            "the same name, shared"
+        );
+        assert!(!Arc::ptr_eq(&a, &topic_name("payments")));
+        assert_eq!(&*topic_name("payments"), "payments");
+        for i in 0..KEPT_TOPIC_NAMES {
+            topic_name(&format!("topic-{i}"));
+        }
+        // Past the kept count a name is copied each time, still right.
+        let past = topic_name("one-too-many");
+        assert_eq!(&*past, "one-too-many");
+        assert!(!Arc::ptr_eq(&past, &topic_name("one-too-many")));
+        assert!(
+            Arc::ptr_eq(&a, &topic_name("orders")),
+            "kept names stay kept"
+        );
+    }
 
     #[test]
     fn paused_partitions_resume_when_their_time_comes() {

@@ -329,7 +329,7 @@ impl Row {
 /// (or -1 for an id that is not a number).
 pub fn origin(table: &str, shard: u32, id: &str) -> Origin {
     Origin {
-        topic: origin_topic(table),
+        topic: origin_topic(table).into(),
         partition: shard as i32,
         offset: id.parse().unwrap_or(-1),
     }
@@ -527,7 +527,7 @@ mod tests {
             ]
         );
         assert_eq!(rec.origin, origin("orders_outbox", 1, "42"));
-        assert_eq!(rec.origin.topic, "postgres:orders_outbox");
+        assert_eq!(&*rec.origin.topic, "postgres:orders_outbox");
         let bad = Row {
             headers: Some("[1]".into()),
             ..row
