@@ -7,7 +7,9 @@
 //! that socket), so a broker the bench did not start is measured too, as long as it runs on
 //! this machine under a user whose `/proc/<pid>/fd` can be read.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Clock ticks a second of the times in `/proc/<pid>/stat` and `/proc/stat`.
 fn ticks_per_s() -> f64 {
@@ -107,27 +109,86 @@ fn parse_meminfo_free(text: &str) -> Option<u64> {
 /// memory"). A broker that has run for a while has memory full of its page cache; this puts
 /// the machine in that state before the first cell instead of during the first ones.
 pub struct PageCacheFill {
-    path: std::path::PathBuf,
+    dir: PathBuf,
+    /// One sparse file per fill: the first, then one for each [`PageCacheFill::add`].
+    parts: Mutex<Vec<PathBuf>>,
 }
 
 impl PageCacheFill {
     /// Creates a sparse file of `bytes` in `dir` and reads it once through.
     pub fn new(dir: &Path, bytes: u64) -> std::io::Result<PageCacheFill> {
-        use std::io::Read;
-        let path = dir.join("page-cache-fill");
         // Owned first, so that an error below still removes the file.
-        let fill = PageCacheFill { path };
-        std::fs::File::create(&fill.path)?.set_len(bytes)?;
-        let mut file = std::fs::File::open(&fill.path)?;
+        let fill = PageCacheFill {
+            dir: dir.to_path_buf(),
+            parts: Mutex::new(Vec::new()),
+        };
+        fill.add(bytes)?;
+        Ok(fill)
+    }
+
+    /// Fills `bytes` more, with a sparse file of its own: memory freed since (a deleted
+    /// topic's log takes its pages with it) taken back.
+    pub fn add(&self, bytes: u64) -> std::io::Result<()> {
+        use std::io::Read;
+        let path = {
+            let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+            let path = self.dir.join(format!("page-cache-fill-{}", parts.len()));
+            parts.push(path.clone());
+            path
+        };
+        std::fs::File::create(&path)?.set_len(bytes)?;
+        let mut file = std::fs::File::open(&path)?;
         let mut buf = vec![0u8; 1 << 20];
         while file.read(&mut buf)? > 0 {}
-        Ok(fill)
+        Ok(())
     }
 }
 
 impl Drop for PageCacheFill {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let parts = self.parts.get_mut().unwrap_or_else(|e| e.into_inner());
+        for path in parts.iter() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// What to fill so that `margin` of memory is left free, with `free` free now: nothing under
+/// [`TOP_UP_MIN`] (not worth a file).
+pub fn fill_bytes(free: u64, margin: u64) -> Option<u64> {
+    free.checked_sub(margin).filter(|&b| b >= TOP_UP_MIN)
+}
+
+/// The least [`fill_bytes`] fills.
+pub const TOP_UP_MIN: u64 = 64 << 20;
+
+/// How much free memory may still change between two readings [`SETTLE_STEP`] apart for a
+/// deletion to be over.
+const SETTLED_WITHIN: u64 = 16 << 20;
+const SETTLE_STEP: Duration = Duration::from_millis(250);
+
+/// Waits at least `min` for memory being freed (a broker deleting a topic's log, just
+/// asked), then until the free memory holds still, `max` at most.
+pub fn wait_for_freed_memory(min: Duration, max: Duration) {
+    let started = Instant::now();
+    std::thread::sleep(min);
+    let mut last = mem_free_bytes();
+    while started.elapsed() < max {
+        std::thread::sleep(SETTLE_STEP);
+        let now = mem_free_bytes();
+        if settled(last, now) {
+            return;
+        }
+        last = now;
+    }
+}
+
+/// Whether two readings of the free memory, a step apart, say nothing more is being freed
+/// (or taken); no reading, no wait.
+fn settled(before: Option<u64>, after: Option<u64>) -> bool {
+    match (before, after) {
+        (Some(b), Some(a)) => a.abs_diff(b) < SETTLED_WITHIN,
+        _ => true,
     }
 }
 
@@ -297,10 +358,33 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let fill = PageCacheFill::new(dir.path(), 8 << 20).unwrap();
-        let meta = std::fs::metadata(dir.path().join("page-cache-fill")).unwrap();
-        assert_eq!(meta.len(), 8 << 20);
-        assert_eq!(meta.blocks(), 0, "a sparse file: holes only");
+        fill.add(4 << 20).unwrap();
+        for (name, len) in [
+            ("page-cache-fill-0", 8 << 20),
+            ("page-cache-fill-1", 4 << 20),
+        ] {
+            let meta = std::fs::metadata(dir.path().join(name)).unwrap();
+            assert_eq!(meta.len(), len, "{name}");
+            assert_eq!(meta.blocks(), 0, "{name}: a sparse file, holes only");
+        }
         drop(fill);
-        assert!(!dir.path().join("page-cache-fill").exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_fill_leaves_its_margin_and_skips_crumbs() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(fill_bytes(5 * GIB, GIB), Some(4 * GIB));
+        assert_eq!(fill_bytes(GIB + TOP_UP_MIN, GIB), Some(TOP_UP_MIN));
+        assert_eq!(fill_bytes(GIB + TOP_UP_MIN - 1, GIB), None);
+        assert_eq!(fill_bytes(GIB / 2, GIB), None);
+    }
+
+    #[test]
+    fn memory_has_settled_when_two_readings_agree() {
+        assert!(settled(Some(1 << 30), Some((1 << 30) + (8 << 20))));
+        assert!(settled(Some(1 << 30), Some((1 << 30) - (8 << 20))));
+        assert!(!settled(Some(1 << 30), Some(2 << 30)), "still being freed");
+        assert!(settled(None, Some(1 << 30)), "no reading: no wait");
     }
 }

@@ -309,6 +309,9 @@ pub struct CellResult {
     /// MiB of memory the kernel reclaimed in the window, machine-wide (docs/benchmarks.md,
     /// "The broker's slow mode is fresh memory").
     pub reclaimed_mib: Option<f64>,
+    /// MiB of memory free when the window began: what the broker writes into as fresh memory
+    /// before it takes pages back from the page cache.
+    pub free_mib: Option<f64>,
     pub error: Option<String>,
 }
 
@@ -337,6 +340,7 @@ impl CellResult {
             other_cores: None,
             broker_read_mib: None,
             reclaimed_mib: None,
+            free_mib: None,
             error: None,
         }
     }
@@ -436,6 +440,12 @@ pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
 
 /// A broker this bench uses, and stops when it started it (wiping its data unless a cell
 /// failed: then its logs stay for a look).
+/// Settings of the broker the bench starts: a deleted topic's log is deleted at once, not a
+/// minute later (`log.segment.delete.delay.ms`, 60 s by default) and not only once the broker
+/// has run 30 s (`log.initial.task.delay.ms`): its memory is freed, and filled again
+/// ([`refill`]), before the next cell, not during it.
+const BROKER_SETTINGS: &str = "log.segment.delete.delay.ms=0 log.initial.task.delay.ms=0";
+
 struct Broker {
     bootstrap: String,
     script: Option<PathBuf>,
@@ -457,8 +467,10 @@ impl Broker {
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
+        let overrides = std::env::var("KAFKA_OVERRIDES").unwrap_or_default();
         let out = Command::new(&script)
             .arg(if running { "bootstrap" } else { "start" })
+            .env("KAFKA_OVERRIDES", format!("{overrides} {BROKER_SETTINGS}"))
             .stderr(std::process::Stdio::inherit())
             .output()
             .map_err(|source| BenchError::BrokerScript {
@@ -533,6 +545,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
         ..cfg.clone()
     };
     warm_up(cfg, bootstrap, &admin, run_id)?;
+    refill(fill.as_ref());
 
     let specs = plan(cfg);
     let rounds = cfg.rounds.max(1);
@@ -559,11 +572,15 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             kstreams_libs: kstreams_libs.as_deref(),
             broker_pid,
             bar: &bar,
+            fill: fill.as_ref(),
+            // At the first partition count only: the broker's JIT is warm after it.
+            warm_transactions: partitions == cfg.partitions[0],
         };
         ctx.run_cells(&specs, rounds, &mut results);
         if let Err(e) = admin.delete_topics(&[&input]) {
             say(&bar, format!("could not delete {input}: {e}"));
         }
+        refill(fill.as_ref());
         // An interrupted run keeps the reports of the partition counts it finished.
         if let Err(e) = write_files(cfg, &results) {
             say(&bar, format!("{e}"));
@@ -619,14 +636,22 @@ fn write_reports(cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchE
     Ok(())
 }
 
-/// Memory left free for the processes of a cell when the page cache is filled.
-const FILL_MARGIN: u64 = 1 << 30;
+/// Memory left free when the page cache is filled. Small: what is free when a cell starts,
+/// less the kernel's own reserve (its high watermarks, about 115 MiB here), the broker
+/// writes into as fresh memory before the kernel reclaims anything; the processes of a cell
+/// take clean page-cache pages back as readily as free ones. With 1 GiB left, each
+/// 2,000,000-record run of `compare-builds` still wrote half its output into fresh memory.
+const FILL_MARGIN: u64 = 256 << 20;
+
+/// The least free memory worth a first fill.
+const FILL_FIRST_MIN: u64 = 1 << 30;
 
 /// Fills the page cache with the free memory less [`FILL_MARGIN`], in `dir`; `None` when less
-/// than that is free or the file cannot be made (said on standard error: the run goes on).
+/// than [`FILL_FIRST_MIN`] would be filled or the file cannot be made (said on standard
+/// error: the run goes on).
 fn fill_page_cache(dir: &Path) -> Option<machine::PageCacheFill> {
     let bytes = machine::mem_free_bytes()?.checked_sub(FILL_MARGIN)?;
-    if bytes < FILL_MARGIN {
+    if bytes < FILL_FIRST_MIN {
         return None;
     }
     let gib = bytes as f64 / f64::from(1u32 << 30);
@@ -647,6 +672,28 @@ fn fill_page_cache(dir: &Path) -> Option<machine::PageCacheFill> {
             eprintln!("could not fill the page cache in {}: {e}", dir.display());
             None
         }
+    }
+}
+
+/// Fills the page cache again with what a topic deletion just freed, once the broker has
+/// freed it (the broker the bench starts deletes a log at once: [`BROKER_SETTINGS`]), so that
+/// no cell writes into fresh memory its predecessors left.
+fn refill(fill: Option<&machine::PageCacheFill>) {
+    if fill.is_some() {
+        machine::wait_for_freed_memory(Duration::from_secs(1), Duration::from_secs(6));
+    }
+    top_up(fill);
+}
+
+/// Fills the page cache with what is free beyond [`FILL_MARGIN`] now, if anything.
+fn top_up(fill: Option<&machine::PageCacheFill>) {
+    let Some(fill) = fill else { return };
+    let Some(bytes) = machine::mem_free_bytes().and_then(|f| machine::fill_bytes(f, FILL_MARGIN))
+    else {
+        return;
+    };
+    if let Err(e) = fill.add(bytes) {
+        eprintln!("could not refill the page cache: {e}");
     }
 }
 
@@ -723,6 +770,8 @@ struct Snapshot {
     machine: Option<machine::MachineCpu>,
     broker_read: Option<u64>,
     reclaimed: Option<u64>,
+    /// Bytes of memory free (neither used nor cache).
+    free: Option<u64>,
 }
 
 impl Snapshot {
@@ -740,6 +789,7 @@ impl Snapshot {
             machine: machine::machine_cpu(),
             broker_read: broker_pid.and_then(machine::process_read_bytes),
             reclaimed: machine::reclaimed_bytes(),
+            free: machine::mem_free_bytes(),
         }
     }
 
@@ -801,6 +851,10 @@ struct CellCtx<'a> {
     kstreams_libs: Option<&'a Path>,
     broker_pid: Option<u32>,
     bar: &'a ProgressBar,
+    /// The page cache filled before the first cell, refilled after each topic deletion.
+    fill: Option<&'a machine::PageCacheFill>,
+    /// Whether to run each transactional mode once, unmeasured, before the first round.
+    warm_transactions: bool,
 }
 
 impl CellCtx<'_> {
@@ -809,6 +863,32 @@ impl CellCtx<'_> {
             "p={} r{} {label}: {n}/{} records",
             self.partitions, self.round, self.records
         ));
+    }
+
+    /// Runs the first cell of each transactional kind (onceflow's, Kafka Streams') once, not
+    /// measured: the broker's warm-up writes and reads without transactions, so its
+    /// transaction code (EndTxn, the markers, TxnOffsetCommit) would otherwise be compiled by
+    /// its JIT during round 0's first exactly-once cell, which then cost the broker up to
+    /// twice the CPU per record of the rounds after.
+    fn warm_up_transactions(&mut self, specs: &[Spec], rounds: u32) {
+        let mut kinds = Vec::new();
+        for spec in specs {
+            if !matches!(spec.kind, Kind::Eos | Kind::KStreams) || kinds.contains(&spec.kind) {
+                continue;
+            }
+            kinds.push(spec.kind);
+            // A round of its own, past the measured ones: its topics and group are its own.
+            self.round = rounds;
+            let label = spec.label();
+            self.bar
+                .set_message(format!("p={} warm-up {label}", self.partitions));
+            let mut result =
+                CellResult::new(self.partitions, *spec, rounds, self.records, self.cfg);
+            if let Err(e) = self.run_cell(&mut result) {
+                say(self.bar, format!("warm-up {label} (not measured): {e}"));
+            }
+        }
+        self.round = 0;
     }
 
     /// Sizes and preloads the input at this partition count, then runs every cell of `specs`
@@ -846,6 +926,9 @@ impl CellCtx<'_> {
             }
             ctx.bar.inc(1);
         };
+        if self.warm_transactions && input_ready.is_ok() {
+            self.warm_up_transactions(specs, rounds);
+        }
         for round in 0..rounds {
             self.round = round;
             for spec in specs {
@@ -1029,6 +1112,9 @@ impl CellCtx<'_> {
         if result.spec.is_pipeline() {
             topics.push(&probe);
         }
+        // What the last deletion freed after its refill (a broker deleting many partitions'
+        // logs may take longer than memory holding still says), taken back before the start.
+        top_up(self.fill);
         let outcome = self
             .admin
             .create_topic(&output, self.partitions)
@@ -1051,6 +1137,7 @@ impl CellCtx<'_> {
         if let Err(e) = self.admin.delete_topics(&topics) {
             say(self.bar, format!("could not delete {output}: {e}"));
         }
+        refill(self.fill);
         outcome
     }
 
@@ -1301,6 +1388,7 @@ impl CellCtx<'_> {
         result.window_cpu_s = delta(start.procs_cpu, end.procs_cpu);
         result.load1 = load;
         (result.broker_read_mib, result.reclaimed_mib) = start.memory_until(&end);
+        result.free_mib = start.free.map(|b| b as f64 / MIB);
         if window > 0.0 {
             result.broker_cores = delta(start.broker_cpu, end.broker_cpu).map(|c| c / window);
             result.machine_cores = match (start.machine, end.machine) {
@@ -1418,6 +1506,7 @@ impl CellCtx<'_> {
         result.peak_rss_mib = ran.rss_kib.map(|k| k as f64 / 1024.0);
         result.load1 = machine::load1();
         (result.broker_read_mib, result.reclaimed_mib) = before.memory_until(&after);
+        result.free_mib = before.free.map(|b| b as f64 / MIB);
         if window > 0.0 {
             result.broker_cores = before
                 .broker_cpu

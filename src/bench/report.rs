@@ -25,7 +25,7 @@ fn ms(us: Option<u64>) -> Option<f64> {
     us.map(|us| us as f64 / 1000.0)
 }
 
-pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,other_cores,broker_read_mib,reclaimed_mib,noisy,short,error";
+pub const CSV_HEADER: &str = "partitions,mode,instances,commit_ms,round,records,record_bytes,window_s,window_records,warmed_up,records_per_s,mb_per_s,commits,commit_p50_ms,commit_p99_ms,deliveries_p50_ms,offsets_p50_ms,end_p50_ms,e2e_p50_ms,e2e_p99_ms,peak_rss_mib,cpu_s,window_cpu_s,cpu_us_per_record,records_per_cpu_s,startup_s,load1,broker_cores,machine_cores,other_cores,broker_read_mib,reclaimed_mib,free_mib,noisy,short,error";
 
 /// Writes every cell so far (rewritten after each cell, so an interrupted run keeps its rows).
 pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<(), BenchError> {
@@ -38,7 +38,7 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
         let e2e = r.e2e.as_ref();
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.partitions,
             r.spec.label(),
             r.spec.instances,
@@ -71,6 +71,7 @@ pub fn write_csv(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Resu
             opt(r.other_cores, 2),
             opt(r.broker_read_mib, 0),
             opt(r.reclaimed_mib, 0),
+            opt(r.free_mib, 0),
             r.noisy(cores),
             r.short(cfg),
             r.error
@@ -346,8 +347,8 @@ fn setup(md: &mut String, cfg: &BenchConfig, results: &[CellResult]) {
         },
         cfg.probe_secs,
         if cfg.fill_page_cache {
-            "the page cache filled before the first cell (free memory taken by a sparse \
-             file's pages, as a broker's log takes it over time)"
+            "the page cache filled before the first cell and after each topic deletion (free \
+             memory taken by a sparse file's pages, as a broker's log takes it over time)"
         } else {
             "the page cache not filled first"
         },

@@ -85,10 +85,11 @@ pub struct BenchArgs {
     /// Leave out Kafka's ProducerPerformance / ConsumerPerformance cross-check.
     #[arg(long)]
     no_kafka_perf: bool,
-    /// Do not fill the page cache before the first cell. By default, when the broker runs on
-    /// this machine, the free memory (less 1 GiB) is taken by the page cache of a sparse
-    /// file, as a broker's log takes it over time, so that no cell pays for the first touch
-    /// of fresh memory (docs/benchmarks.md, "The broker's slow mode is fresh memory").
+    /// Do not fill the page cache. By default, when the broker runs on this machine, the free
+    /// memory (less 256 MiB) is taken by the page cache of sparse files before the first cell
+    /// and again after each topic deletion, as a broker's log takes it over time, so that no
+    /// cell pays for the first touch of fresh memory (docs/benchmarks.md, "The broker's slow
+    /// mode is fresh memory").
     #[arg(long)]
     no_page_cache_fill: bool,
     /// Run a ceiling client instead of the bench (what the bench starts as a child process):
