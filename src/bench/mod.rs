@@ -438,14 +438,14 @@ pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
     specs
 }
 
-/// A broker this bench uses, and stops when it started it (wiping its data unless a cell
-/// failed: then its logs stay for a look).
 /// Settings of the broker the bench starts: a deleted topic's log is deleted at once, not a
 /// minute later (`log.segment.delete.delay.ms`, 60 s by default) and not only once the broker
 /// has run 30 s (`log.initial.task.delay.ms`): its memory is freed, and filled again
 /// ([`refill`]), before the next cell, not during it.
 const BROKER_SETTINGS: &str = "log.segment.delete.delay.ms=0 log.initial.task.delay.ms=0";
 
+/// A broker this bench uses, and stops when it started it (wiping its data unless a cell
+/// failed: then its logs stay for a look).
 struct Broker {
     bootstrap: String,
     script: Option<PathBuf>,
@@ -574,7 +574,7 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<CellResult>, BenchError> {
             bar: &bar,
             fill: fill.as_ref(),
             // At the first partition count only: the broker's JIT is warm after it.
-            warm_transactions: partitions == cfg.partitions[0],
+            warm_transactions: cfg.partitions.first() == Some(&partitions),
         };
         ctx.run_cells(&specs, rounds, &mut results);
         if let Err(e) = admin.delete_topics(&[&input]) {
