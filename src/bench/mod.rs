@@ -1112,8 +1112,9 @@ impl CellCtx<'_> {
         if result.spec.is_pipeline() {
             topics.push(&probe);
         }
-        // What the last deletion freed after its refill (a broker deleting many partitions'
-        // logs may take longer than memory holding still says), taken back before the start.
+        // What the kernel freed while the last refill read its file (kswapd reclaims gigabytes
+        // beyond need on this machine: docs/benchmarks.md, "Refilled after every topic
+        // deletion"), taken back before the start.
         top_up(self.fill);
         let outcome = self
             .admin

@@ -576,7 +576,7 @@ impl<'t> Job<'t> {
                 telemetry::record_failed(&origin, &e, on_error, attempts);
                 self.produced.clear();
                 self.ensure_dead_letter_topic(consumer, txn)?;
-                let letter = self.dead_letter(msg, &e, attempts);
+                let letter = self.dead_letter(msg, &origin, &e, attempts);
                 let letters = [(self.dead_letter_topic.as_str(), letter)];
                 if txn.add(consumer, &origin, consumed_bytes, &letters)? == Added::Yes {
                     telemetry::dead_lettered(e.kind.name());
@@ -644,9 +644,15 @@ impl<'t> Job<'t> {
         )
     }
 
-    fn dead_letter(&self, msg: &BorrowedMessage<'_>, e: &RecordError, attempts: u32) -> Record {
+    fn dead_letter(
+        &self,
+        msg: &BorrowedMessage<'_>,
+        origin: &Origin,
+        e: &RecordError,
+        attempts: u32,
+    ) -> Record {
         let mut letter = dlq::dead_letter(
-            &source::to_record(msg, source::origin_of(msg)),
+            &source::to_record(msg, origin.clone()),
             &dlq::Failure {
                 kind: e.kind.name().to_string(),
                 message: e.message.clone(),

@@ -39,10 +39,10 @@ pub const FETCH_QUEUE_BACKOFF_MS: &str = "50";
 /// registration made while the coordinator still writes the previous transaction's markers
 /// is refused and retried 20 ms later. librdkafka's default of 10 ms spreads one 100 ms
 /// transaction over about ten partitions; at the commit interval, a transaction writes
-/// such records to one or two. Measured at 64 partitions: 1.10 (1.01-1.19) times the
-/// records/s for 0.85 of the broker's CPU (docs/benchmarks.md). No longer than 100 ms, so
-/// that one instance's writes still move between partitions, and so between the brokers
-/// that lead them, several times a second. A topology may set its own.
+/// such records to one or two. Measured at 64 partitions, paired: 1.10 (1.01-1.19) times
+/// the records/s for 0.85 (0.75-0.94) of the broker's CPU (docs/benchmarks.md). No longer
+/// than 100 ms, so that one instance's writes still move between partitions, and so between
+/// the brokers that lead them, several times a second. A topology may set its own.
 const MAX_STICKY_PARTITIONING_MS: u64 = 100;
 
 /// librdkafka's `sticky.partitioning.linger.ms` for a job's producer: under exactly-once,
