@@ -14,8 +14,6 @@
 //! compares what the pipeline makes, and an output's `headers: drop` drops the record's own
 //! headers, never its lineage (only `lineage: false` does).
 
-use std::io::Write as _;
-
 use crate::record::{Origin, Record};
 
 /// The consumed record, as `<topic>/<partition>/<offset>` (partition and offset in decimal;
@@ -54,24 +52,85 @@ pub fn event_id<'h>(
         .filter(|v| !v.is_empty())
 }
 
-/// The value of the [`ORIGIN`] header of `origin`.
-fn origin_value(origin: &Origin) -> Vec<u8> {
-    let mut v = Vec::with_capacity(origin.topic.len() + 24);
-    v.extend_from_slice(origin.topic.as_bytes());
-    // Writing into a Vec cannot fail.
-    let _ = write!(v, "/{}/{}", origin.partition, origin.offset);
-    v
+/// The consumed record an output comes from, as it is written with it: its origin and its
+/// event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lineage<'a> {
+    pub origin: &'a Origin,
+    pub id: Option<&'a [u8]>,
+}
+
+/// The longest [`ORIGIN`] value built on the stack: a Kafka topic name has at most 249
+/// characters, then `/`, an `i32` and `/`, an `i64`. Longer ones (an outbox's
+/// `postgres:<table>` origin may be) are built on the heap.
+const ORIGIN_ON_STACK: usize = 249 + 1 + 11 + 1 + 20;
+
+/// Calls `f` with the value of the [`ORIGIN`] header of `origin`. Built for every output
+/// record: on the stack, with no allocation and no formatting machinery.
+pub fn with_origin_value<R>(origin: &Origin, f: impl FnOnce(&[u8]) -> R) -> R {
+    let mut partition = itoa::Buffer::new();
+    let mut offset = itoa::Buffer::new();
+    let parts = [
+        origin.topic.as_bytes(),
+        b"/",
+        partition.format(origin.partition).as_bytes(),
+        b"/",
+        offset.format(origin.offset).as_bytes(),
+    ];
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > ORIGIN_ON_STACK {
+        return f(&parts.concat());
+    }
+    let mut buf = [0u8; ORIGIN_ON_STACK];
+    let mut at = 0;
+    for p in parts {
+        buf[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
+    }
+    f(&buf[..len])
+}
+
+/// Folds `f` over every header a record with `headers` is written with: its own, and with
+/// `lineage` the lineage headers of it instead of any it carried already (a record consumed
+/// from another job's output names that job's origin, not this one's). The send path folds
+/// them straight into the producer's header list: no header is built on the way.
+pub fn fold_headers<A>(
+    headers: &[(String, Vec<u8>)],
+    lineage: Option<Lineage<'_>>,
+    init: A,
+    mut f: impl FnMut(A, &str, &[u8]) -> A,
+) -> A {
+    let Some(lineage) = lineage else {
+        return headers.iter().fold(init, |acc, (k, v)| f(acc, k, v));
+    };
+    let acc = headers
+        .iter()
+        .filter(|(k, _)| !is_lineage(k))
+        .fold(init, |acc, (k, v)| f(acc, k, v));
+    let acc = with_origin_value(lineage.origin, |v| f(acc, ORIGIN, v));
+    match lineage.id {
+        Some(id) => f(acc, ID, id),
+        None => acc,
+    }
+}
+
+/// How many headers [`fold_headers`] gives, at most.
+pub fn header_count(headers: &[(String, Vec<u8>)], lineage: Option<Lineage<'_>>) -> usize {
+    headers.len() + lineage.map_or(0, |l| 1 + usize::from(l.id.is_some()))
 }
 
 /// Adds the lineage headers of `origin` (and of its event `id`) to `rec`, replacing any
-/// lineage header it carried already, in either form (a record consumed from another job's
-/// output names that job's origin, not this one's).
+/// lineage header it carried already, in either form: what [`fold_headers`] gives, kept in
+/// the record, for a path that keeps the record (the outbox relay's).
 pub fn stamp(rec: &mut Record, origin: &Origin, id: Option<&[u8]>) {
     if rec.headers.iter().any(|(k, _)| is_lineage(k)) {
         rec.headers.retain(|(k, _)| !is_lineage(k));
     }
     rec.headers.reserve(1 + usize::from(id.is_some()));
-    rec.headers.push((ORIGIN.to_string(), origin_value(origin)));
+    rec.headers.push((
+        ORIGIN.to_string(),
+        with_origin_value(origin, <[u8]>::to_vec),
+    ));
     if let Some(id) = id {
         rec.headers.push((ID.to_string(), id.to_vec()));
     }
@@ -314,5 +373,70 @@ mod tests {
         assert_eq!(event_id(pairs(&r), "event-id"), None);
         let empty = record(vec![("message-id", "")]);
         assert_eq!(event_id(pairs(&empty), "message-id"), None);
+    }
+    /// What the send path writes: the headers [`fold_headers`] gives.
+    fn written(
+        headers: &[(String, Vec<u8>)],
+        lineage: Option<Lineage<'_>>,
+    ) -> Vec<(String, Vec<u8>)> {
+        let out = fold_headers(headers, lineage, Vec::new(), |mut out, k, v| {
+            out.push((k.to_string(), v.to_vec()));
+            out
+        });
+        assert!(out.len() <= header_count(headers, lineage));
+        out
+    }
+
+    #[test]
+    fn the_send_path_writes_what_a_stamp_keeps() {
+        let upstream = vec![
+            (TOPIC, "upstream"),
+            (PARTITION, "0"),
+            (OFFSET, "9"),
+            (ID, "old"),
+            (ORIGIN, "upstream/1/2"),
+            ("k", "v"),
+            ("onceflow.originals", "kept"),
+        ];
+        let long = Origin {
+            topic: "t".repeat(400).into(),
+            partition: i32::MIN,
+            offset: i64::MIN,
+        };
+        let extreme = Origin {
+            topic: "t".repeat(249).into(),
+            partition: i32::MIN,
+            offset: i64::MIN,
+        };
+        for headers in [vec![], vec![("k", "v")], upstream] {
+            for o in [origin(), long.clone(), extreme.clone()] {
+                for id in [None, Some(&b"e-7"[..])] {
+                    let mut r = record(headers.clone());
+                    let own = r.headers.clone();
+                    stamp(&mut r, &o, id);
+                    let lineage = Lineage { origin: &o, id };
+                    assert_eq!(written(&own, Some(lineage)), r.headers);
+                    assert_eq!(written(&own, None), own);
+                    let back = read(pairs(&r)).unwrap();
+                    assert_eq!(
+                        (back.topic, back.partition, back.offset),
+                        (&*o.topic, o.partition, o.offset)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_origin_value_is_topic_partition_offset() {
+        let value = with_origin_value(&origin(), <[u8]>::to_vec);
+        assert_eq!(value, b"orders/3/42");
+        let o = Origin {
+            topic: "postgres:a/b".into(),
+            partition: -1,
+            offset: i64::MAX,
+        };
+        let value = with_origin_value(&o, <[u8]>::to_vec);
+        assert_eq!(value, b"postgres:a/b/-1/9223372036854775807");
     }
 }

@@ -11,7 +11,7 @@ use crate::kafka::read::{read_one, read_to_end, reader, watermarks};
 use crate::record::{Origin, Record};
 use crate::telemetry::health::Health;
 use crate::topology::Guarantee;
-use crate::txn::{Txn, TxnSettings};
+use crate::txn::{Consumed, Outgoing, Txn, TxnSettings};
 
 /// What a replay did, counting committed work only.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,7 +75,8 @@ pub fn replay(
             false => None,
             true => Some(original(kafka, &d, &origin)?),
         };
-        let outputs: Vec<(&str, Record)> = match record {
+        // The replayed record is the original, as it was consumed: no lineage of its own.
+        let outputs: Vec<Outgoing<'_>> = match record {
             None => Vec::new(),
             Some(_) if target.is_empty() => {
                 return Err(DlqError::NoOrigin {
@@ -85,10 +86,14 @@ pub fn replay(
                     header: H_TOPIC,
                 });
             }
-            Some(record) => vec![(target.as_str(), record)],
+            Some(record) => vec![Outgoing {
+                topic: target.as_str(),
+                record,
+                lineage: false,
+            }],
         };
         // An aborted transaction rewinds the consumer: its records come again.
-        let _ = txn.add(&consumer, &origin, 0, &outputs)?;
+        let _ = txn.add(&consumer, Consumed::at(&origin, 0), &outputs)?;
         txn.poll();
         if txn.is_due(Instant::now()) {
             txn.commit(&consumer)?;

@@ -33,7 +33,9 @@ use crate::sync::lock;
 use crate::telemetry::{self, health::Health};
 use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
-use crate::txn::{AbortReason, Added, Committed, Txn, TxnError, TxnSettings, TxnStats};
+use crate::txn::{
+    AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings, TxnStats,
+};
 use outcome::{Outcome, Policy};
 
 pub use crate::source::kafka::MESSAGE_ID_HEADER;
@@ -41,6 +43,10 @@ pub use crate::source::kafka::MESSAGE_ID_HEADER;
 /// How many records the loop handles between two servings of the producer's delivery reports
 /// (and at every idle poll).
 const SERVE_DELIVERIES_EVERY: u32 = 64;
+
+/// The longest a poll waits for a record, so that housekeeping (a due commit, paused
+/// partitions to resume, the shutdown flag) runs at least this often.
+const MAX_POLL_WAIT: Duration = Duration::from_millis(100);
 
 /// Why a job stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -330,13 +336,17 @@ struct Job<'t> {
     /// What the pipeline made of the record at hand: (output index, record).
     produced: Vec<(usize, Record)>,
     /// Its Kafka outputs with their topics (kept to reuse the allocation).
-    outputs: Vec<(&'t str, Record)>,
+    outputs: Vec<Outgoing<'t>>,
     skipped: u64,
     consumed: u64,
     first_record: Option<Instant>,
     last_progress: Instant,
     next_tick: Instant,
     since_poll: u32,
+    /// How long the next poll may wait for a record: until the open transaction is due, at
+    /// most [`MAX_POLL_WAIT`]. Set by [`Job::housekeeping`] from the clock it reads anyway,
+    /// so a record costs no second clock read and no second lock of the transaction.
+    poll_wait: Duration,
 }
 
 /// Whether the loop goes on.
@@ -407,6 +417,7 @@ impl<'t> Job<'t> {
             last_progress: Instant::now(),
             next_tick: Instant::now(),
             since_poll: 0,
+            poll_wait: MAX_POLL_WAIT,
         })
     }
 
@@ -415,16 +426,12 @@ impl<'t> Job<'t> {
         consumer: &JobConsumer,
         shutdown: &AtomicBool,
     ) -> Result<(), EngineError> {
-        let max_wait = Duration::from_millis(100);
         loop {
             if shutdown.load(Ordering::Relaxed) {
                 telemetry::shutting_down();
                 return Ok(());
             }
-            let wait = lock(&self.txn)
-                .due_in(Instant::now())
-                .map_or(max_wait, |d| d.min(max_wait));
-            let polled = consumer.poll(wait);
+            let polled = consumer.poll(self.poll_wait);
             if let Some(e) = consumer.context().take_failure() {
                 return Err(e.into());
             }
@@ -506,12 +513,12 @@ impl<'t> Job<'t> {
             self.injected_failures -= 1;
             return Ok(Err(injected_failure()));
         }
-        // The pipeline takes each attempt's record by value: it is built from the consumed
-        // message, which stays at hand for a dead-letter copy of the original, so the
-        // common path copies key, value and headers once.
+        // The pipeline reads key and value where they were consumed, and copies into the
+        // records it writes only what they hold; the consumed message stays at hand for a
+        // dead-letter copy of the original.
         let processed = self
             .pipeline
-            .process(source::to_record(msg, origin.clone()), &mut self.produced)
+            .process_input(source::to_input(msg, origin.clone()), &mut self.produced)
             .and_then(|()| check_sizes(&self.produced, self.max_message_bytes));
         if processed.is_err() || !txn.has_participants() {
             return Ok(processed);
@@ -541,25 +548,29 @@ impl<'t> Job<'t> {
         outcome: Outcome,
         attempts: u32,
     ) -> Result<(), EngineError> {
-        let consumed_bytes = source::consumed_bytes(msg);
+        let consumed = Consumed {
+            origin: &origin,
+            id: self.event_id(msg),
+            bytes: source::consumed_bytes(msg),
+        };
         let on_error = self.topology.runtime.on_error;
         match outcome {
             Outcome::Retry { .. } => Ok(()),
             Outcome::Output => {
-                // Outputs without a topic are sinks, staged already.
+                // Outputs without a topic are sinks, staged already. The lineage is written
+                // as each record is sent.
                 let topics = &self.topics;
                 let lineage = &self.lineage;
-                let id = self.event_id(msg);
                 self.outputs.clear();
                 self.outputs
-                    .extend(self.produced.drain(..).filter_map(|(index, mut r)| {
-                        let topic = topics.get(index).copied().flatten()?;
-                        if lineage.get(index).copied().unwrap_or(true) {
-                            crate::lineage::stamp(&mut r, &origin, id);
-                        }
-                        Some((topic, r))
+                    .extend(self.produced.drain(..).filter_map(|(index, record)| {
+                        Some(Outgoing {
+                            topic: topics.get(index).copied().flatten()?,
+                            record,
+                            lineage: lineage.get(index).copied().unwrap_or(true),
+                        })
                     }));
-                let _ = txn.add(consumer, &origin, consumed_bytes, &self.outputs)?;
+                let _ = txn.add(consumer, consumed, &self.outputs)?;
                 Ok(())
             }
             Outcome::Pause { for_ } => {
@@ -577,8 +588,13 @@ impl<'t> Job<'t> {
                 self.produced.clear();
                 self.ensure_dead_letter_topic(consumer, txn)?;
                 let letter = self.dead_letter(msg, &origin, &e, attempts);
-                let letters = [(self.dead_letter_topic.as_str(), letter)];
-                if txn.add(consumer, &origin, consumed_bytes, &letters)? == Added::Yes {
+                // A dead letter carries its origin in headers of its own.
+                let letters = [Outgoing {
+                    topic: self.dead_letter_topic.as_str(),
+                    record: letter,
+                    lineage: false,
+                }];
+                if txn.add(consumer, consumed, &letters)? == Added::Yes {
                     telemetry::dead_lettered(e.kind.name());
                 }
                 Ok(())
@@ -600,7 +616,7 @@ impl<'t> Job<'t> {
                 telemetry::record_failed(&origin, &e, on_error, attempts);
                 self.skipped += 1;
                 self.produced.clear();
-                let _ = txn.add(consumer, &origin, consumed_bytes, &[])?;
+                let _ = txn.add(consumer, consumed, &[])?;
                 Ok(())
             }
         }
@@ -698,6 +714,9 @@ impl<'t> Job<'t> {
         if txn.is_due(now) {
             txn.commit_in_background(consumer)?;
         }
+        self.poll_wait = txn
+            .due_in(now)
+            .map_or(MAX_POLL_WAIT, |d| d.min(MAX_POLL_WAIT));
         // Checked on every pass: a commit may also have settled inside add or a rebalance.
         let s = txn.stats();
         if self

@@ -6,20 +6,32 @@ use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseProducer, BaseRecord, ProducerContext};
 
+use crate::lineage::{self, Lineage};
 use crate::record::Record;
 
-/// The record to send of `rec` to `topic`: its key, value, headers and timestamp.
-pub fn base_record<'a>(topic: &'a str, rec: &'a Record) -> BaseRecord<'a, [u8], [u8]> {
+/// The record to send of `rec` to `topic`: its key, value, headers and timestamp, and the
+/// headers of `lineage` when given.
+pub fn base_record<'a>(
+    topic: &'a str,
+    rec: &'a Record,
+    lineage: Option<Lineage<'_>>,
+) -> BaseRecord<'a, [u8], [u8]> {
     let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
-    // A header list is a native allocation: only build one when there are headers.
-    if !rec.headers.is_empty() {
-        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-        for (key, value) in &rec.headers {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value),
-            });
-        }
+    // A header list is a native allocation: only build one when there are headers. Each
+    // header is copied into it at once, so the lineage's may be built on the stack.
+    let count = lineage::header_count(&rec.headers, lineage);
+    if count > 0 {
+        let headers = lineage::fold_headers(
+            &rec.headers,
+            lineage,
+            OwnedHeaders::new_with_capacity(count),
+            |headers, key, value| {
+                headers.insert(Header {
+                    key,
+                    value: Some(value),
+                })
+            },
+        );
         record = record.headers(headers);
     }
     if let Some(key) = &rec.key {

@@ -23,6 +23,18 @@ use crate::topology::{
 };
 use expr::{Expression, Needs, Scope, ValueRef};
 
+/// A consumed record as the pipeline takes it: key and value borrowed from where it was
+/// consumed, the rest its own.
+#[derive(Debug)]
+pub struct Input<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Milliseconds since the epoch, when the source record had one.
+    pub timestamp: Option<i64>,
+    pub origin: Origin,
+}
+
 /// A record while it goes through the pipeline.
 #[derive(Debug, Clone)]
 struct Work<'a> {
@@ -69,6 +81,14 @@ impl<'a> Work<'a> {
     }
 }
 
+/// The decoder `decoders` holds for `topic`.
+fn decoder<'d>(decoders: &'d [(String, Box<dyn Decoder>)], topic: &str) -> Option<&'d dyn Decoder> {
+    decoders
+        .iter()
+        .find(|(t, _)| t == topic)
+        .map(|(_, d)| d.as_ref())
+}
+
 /// A dotted field path, split once at compile time.
 type FieldPath = Vec<String>;
 
@@ -111,8 +131,11 @@ struct OutputSpec {
 /// The compiled pipeline of a topology: expressions compiled, output names resolved to
 /// indexes. Compiled once at load; [`Pipeline::process`] is then a pure function.
 pub struct Pipeline {
-    decoders: HashMap<String, Box<dyn Decoder>>,
-    key_decoders: HashMap<String, Box<dyn Decoder>>,
+    /// Value decoders by topic; looked up for every record, and a job reads a handful of
+    /// topics: a list compared by name costs less than hashing the name.
+    decoders: Vec<(String, Box<dyn Decoder>)>,
+    /// Key decoders by topic (of the inputs whose `key_codec` is not `raw`).
+    key_decoders: Vec<(String, Box<dyn Decoder>)>,
     /// The schema registry of the Avro codecs (offline unless the job's).
     registry: std::sync::Arc<crate::codec::avro::Registry>,
     steps: Vec<(Step, &'static str)>,
@@ -165,8 +188,8 @@ impl Pipeline {
         let issues = compiler.into_issues();
         if issues.is_empty() {
             Ok(Pipeline {
-                decoders: codecs.decoders,
-                key_decoders: codecs.key_decoders,
+                decoders: codecs.decoders.into_iter().collect(),
+                key_decoders: codecs.key_decoders.into_iter().collect(),
                 registry: codecs.registry,
                 steps,
                 route,
@@ -195,25 +218,45 @@ impl Pipeline {
         record: Record,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), RecordError> {
-        let value = record.value;
-        let body = match self.decoders.get(&*record.origin.topic) {
-            Some(decoder) => decoder.decode(value.as_deref()),
-            None => crate::codec::raw::Raw.decode(value.as_deref()),
+        let Record {
+            key,
+            value,
+            headers,
+            timestamp,
+            origin,
+        } = record;
+        self.process_input(
+            Input {
+                key: key.as_deref(),
+                value: value.as_deref(),
+                headers,
+                timestamp,
+                origin,
+            },
+            out,
+        )
+    }
+
+    /// [`Pipeline::process`] for a record whose key and value are borrowed from where it was
+    /// consumed: they are decoded from there and copied only into what is written.
+    pub fn process_input(
+        &self,
+        input: Input<'_>,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), RecordError> {
+        let value = input.value;
+        let body = match decoder(&self.decoders, &input.origin.topic) {
+            Some(decoder) => decoder.decode(value),
+            None => crate::codec::raw::Raw.decode(value),
         }
         .map_err(|e| RecordError {
             kind: e.kind,
             stage: Stage::Decode,
             message: e.message,
         })?;
-        // Most jobs decode no key: no look-up by topic for them.
-        let key_decoder = if self.key_decoders.is_empty() {
-            None
-        } else {
-            self.key_decoders.get(&*record.origin.topic)
-        };
-        let key_doc = match key_decoder {
+        let key_doc = match decoder(&self.key_decoders, &input.origin.topic) {
             None => None,
-            Some(decoder) => match decoder.decode(record.key.as_deref()) {
+            Some(decoder) => match decoder.decode(input.key) {
                 Ok(Value::Json(Some(doc))) => Some(doc.to_json()),
                 Ok(_) => None,
                 Err(e) => {
@@ -226,13 +269,13 @@ impl Pipeline {
             },
         };
         let work = Work {
-            value_len: value.as_ref().map_or(0, Vec::len),
-            key: record.key,
+            value_len: value.map_or(0, <[u8]>::len),
+            key: input.key.map(<[u8]>::to_vec),
             key_doc,
             body,
-            headers: record.headers,
-            timestamp: record.timestamp,
-            origin: record.origin,
+            headers: input.headers,
+            timestamp: input.timestamp,
+            origin: input.origin,
         };
         let start = out.len();
         let result = self.run(0, work, out);

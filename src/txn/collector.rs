@@ -11,6 +11,7 @@ use rdkafka::producer::{DeliveryResult, Producer as _, ProducerContext};
 
 use super::producer::Client;
 use crate::kafka::send;
+use crate::lineage::Lineage;
 use crate::record::Record;
 use crate::sync::lock;
 use crate::telemetry::{self, metrics::TopicCounts};
@@ -71,18 +72,19 @@ impl Collector {
         }
     }
 
-    /// Sends one record; while the local queue is full, serves delivery reports to make room,
-    /// for at most `timeout`.
+    /// Sends one record, with `lineage` when given; while the local queue is full, serves
+    /// delivery reports to make room, for at most `timeout`.
     pub fn send(
         &mut self,
         client: &Client,
         topic: &str,
         rec: &Record,
+        lineage: Option<Lineage<'_>>,
         timeout: Duration,
     ) -> KafkaResult<()> {
         send::send(
             client,
-            send::base_record(topic, rec),
+            send::base_record(topic, rec, lineage),
             timeout,
             await_deliveries,
         )?;

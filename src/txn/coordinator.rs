@@ -25,6 +25,7 @@ use super::participant::{Participant, ParticipantError, Severity};
 use super::producer::{Calls, Producer};
 use super::{AbortReason, TxnError};
 use crate::histogram::Histogram;
+use crate::lineage::Lineage;
 use crate::record::{Origin, Record, RecordError};
 use crate::retry;
 use crate::telemetry::{self, health::Health, metrics::TopicCounts};
@@ -147,9 +148,41 @@ enum Keep {
 /// into the next one, once that commit is settled, or is consumed again after a rewind.
 struct Held {
     origin: Origin,
+    id: Option<Vec<u8>>,
     consumed_bytes: usize,
     /// Its outputs, each with its topic's index in [`Txn::held_topics`].
-    outputs: Vec<(usize, Record)>,
+    outputs: Vec<(usize, Record, bool)>,
+}
+
+/// The consumed record an addition to the transaction is for.
+#[derive(Debug, Clone, Copy)]
+pub struct Consumed<'a> {
+    pub origin: &'a Origin,
+    /// Its event id (its input's `id_header`), in the lineage of its outputs.
+    pub id: Option<&'a [u8]>,
+    /// Its key and value bytes.
+    pub bytes: usize,
+}
+
+impl<'a> Consumed<'a> {
+    /// A consumed record of `bytes` bytes, without an event id.
+    pub fn at(origin: &'a Origin, bytes: usize) -> Consumed<'a> {
+        Consumed {
+            origin,
+            id: None,
+            bytes,
+        }
+    }
+}
+
+/// A record for a Kafka topic, added to the transaction.
+#[derive(Debug, Clone)]
+pub struct Outgoing<'t> {
+    pub topic: &'t str,
+    pub record: Record,
+    /// Whether it is written with the lineage of the [`Consumed`] record it comes from
+    /// ([`crate::lineage`]): stamped as it is sent, no header built before.
+    pub lineage: bool,
 }
 /// The transaction owner.
 pub struct Txn {
@@ -333,17 +366,16 @@ impl Txn {
         self.producer.client().poll(Duration::ZERO);
     }
 
-    /// Adds what the pipeline made of one consumed record (read at `origin`) to the open
-    /// transaction; while that commits in the background, holds it for the next one.
+    /// Adds what the pipeline made of one consumed record to the open transaction; while
+    /// that commits in the background, holds it for the next one.
     pub fn add<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
-        origin: &Origin,
-        consumed_bytes: usize,
-        outputs: &[(&str, Record)],
+        consumed: Consumed<'_>,
+        outputs: &[Outgoing<'_>],
     ) -> Result<Added, TxnError> {
         if self.in_flight.is_some() {
-            self.hold(origin, consumed_bytes, outputs);
+            self.hold(consumed, outputs);
             if !self.hold_is_full() {
                 return Ok(Added::Yes);
             }
@@ -354,7 +386,7 @@ impl Txn {
                 _ => Added::Yes,
             });
         }
-        self.add_now(consumer, origin, consumed_bytes, outputs)
+        self.add_now(consumer, consumed, outputs)
     }
 
     /// Whether the records held while a commit runs have reached a bound: the fixed ones, or
@@ -368,10 +400,10 @@ impl Txn {
     fn add_now<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
-        origin: &Origin,
-        consumed_bytes: usize,
-        outputs: &[(&str, Record)],
+        consumed: Consumed<'_>,
+        outputs: &[Outgoing<'_>],
     ) -> Result<Added, TxnError> {
+        let origin = consumed.origin;
         // Noted before anything is sent: if the transaction fails on the way, the rewind
         // must take this record's partition back too, even when it is the first record of
         // that partition in the transaction (else the record would be skipped, lost).
@@ -386,11 +418,16 @@ impl Txn {
             self.opened_at = Instant::now();
             self.span = tracing::info_span!("txn", seq = self.attempts + 1);
         }
-        for (topic, rec) in outputs {
+        for out in outputs {
+            let lineage = out.lineage.then_some(Lineage {
+                origin,
+                id: consumed.id,
+            });
             let sent = self.collector.send(
                 self.producer.client(),
-                topic,
-                rec,
+                out.topic,
+                &out.record,
+                lineage,
                 self.settings.operation_timeout,
             );
             if let Err(err) = sent {
@@ -398,7 +435,7 @@ impl Txn {
                 return Ok(Added::Aborted);
             }
         }
-        self.consumed.add(&origin.topic, consumed_bytes);
+        self.consumed.add(&origin.topic, consumed.bytes);
         if outputs.is_empty() && !std::mem::take(&mut self.staged) {
             self.filtered += 1;
         }
@@ -592,22 +629,23 @@ impl Txn {
     }
 
     /// Keeps a record added while the transaction commits, with copies of its outputs.
-    fn hold(&mut self, origin: &Origin, consumed_bytes: usize, outputs: &[(&str, Record)]) {
+    fn hold(&mut self, consumed: Consumed<'_>, outputs: &[Outgoing<'_>]) {
         let mut held = Vec::with_capacity(outputs.len());
-        for (topic, rec) in outputs {
-            let index = match self.held_topics.iter().position(|t| t == topic) {
+        for out in outputs {
+            let index = match self.held_topics.iter().position(|t| t == out.topic) {
                 Some(i) => i,
                 None => {
-                    self.held_topics.push((*topic).to_string());
+                    self.held_topics.push(out.topic.to_string());
                     self.held_topics.len() - 1
                 }
             };
-            self.held_bytes += collector::payload_len(rec);
-            held.push((index, rec.clone()));
+            self.held_bytes += collector::payload_len(&out.record);
+            held.push((index, out.record.clone(), out.lineage));
         }
         self.held.push(Held {
-            origin: origin.clone(),
-            consumed_bytes,
+            origin: consumed.origin.clone(),
+            id: consumed.id.map(<[u8]>::to_vec),
+            consumed_bytes: consumed.bytes,
             outputs: held,
         });
     }
@@ -628,15 +666,20 @@ impl Txn {
             self.offsets
                 .record(&h.origin.topic, h.origin.partition, h.origin.offset);
         }
-        let mut outputs: Vec<(&str, Record)> = Vec::new();
+        let mut outputs: Vec<Outgoing<'_>> = Vec::new();
         for h in held {
             outputs.clear();
-            outputs.extend(
-                h.outputs
-                    .into_iter()
-                    .map(|(t, rec)| (topics.get(t).map_or("", String::as_str), rec)),
-            );
-            if self.add_now(consumer, &h.origin, h.consumed_bytes, &outputs)? == Added::Aborted {
+            outputs.extend(h.outputs.into_iter().map(|(t, record, lineage)| Outgoing {
+                topic: topics.get(t).map_or("", String::as_str),
+                record,
+                lineage,
+            }));
+            let consumed = Consumed {
+                origin: &h.origin,
+                id: h.id.as_deref(),
+                bytes: h.consumed_bytes,
+            };
+            if self.add_now(consumer, consumed, &outputs)? == Added::Aborted {
                 return Ok(Added::Aborted);
             }
         }
@@ -1205,7 +1248,10 @@ mod tests {
     /// Stages and adds the record at `o` (its output goes to the participants only).
     fn add(f: &mut Fixture, o: &Origin) {
         f.txn.stage(&[(0, record(o))]).expect("staged");
-        assert_eq!(f.txn.add(&f.consumer, o, 1, &[]).unwrap(), Added::Yes);
+        assert_eq!(
+            f.txn.add(&f.consumer, Consumed::at(o, 1), &[]).unwrap(),
+            Added::Yes
+        );
     }
 
     fn log(f: &Fixture) -> Vec<String> {
@@ -1266,7 +1312,9 @@ mod tests {
         // output), and a commit past it forgets it.
         add(&mut f, &origin(0, 0));
         assert_eq!(
-            f.txn.add(&f.consumer, &refused, 1, &[]).unwrap(),
+            f.txn
+                .add(&f.consumer, Consumed::at(&refused, 1), &[])
+                .unwrap(),
             Added::Yes
         );
         assert!(
@@ -1464,7 +1512,15 @@ mod tests {
     /// Adds the record at `o` with one output to [`OUT`].
     fn try_add_out(f: &mut Fixture, o: &Origin) -> Added {
         f.txn
-            .add(&f.consumer, o, 1, &[(OUT, record(o))])
+            .add(
+                &f.consumer,
+                Consumed::at(o, 1),
+                &[Outgoing {
+                    topic: OUT,
+                    record: record(o),
+                    lineage: true,
+                }],
+            )
             .expect("added")
     }
 

@@ -24,7 +24,9 @@ pub mod publish;
 use rdkafka::error::KafkaError;
 
 pub use collector::payload_len;
-pub use coordinator::{Added, CommitSteps, Committed, Txn, TxnSettings, TxnStats};
+pub use coordinator::{
+    Added, CommitSteps, Committed, Consumed, Outgoing, Txn, TxnSettings, TxnStats,
+};
 pub use participant::{Failure, Participant, ParticipantError, Refusal, Severity};
 pub use publish::Publisher;
 

@@ -46,7 +46,7 @@ impl Publisher {
     pub fn send(&mut self, topic: &str, rec: &Record) -> KafkaResult<()> {
         self.begin()?;
         self.collector
-            .send(self.producer.client(), topic, rec, self.timeout)
+            .send(self.producer.client(), topic, rec, None, self.timeout)
     }
 
     /// Sends a value to one partition of a topic, in the open transaction.

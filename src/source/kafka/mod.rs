@@ -16,6 +16,7 @@ pub use context::SourceContext;
 
 use crate::record::{Origin, Record};
 use crate::telemetry;
+use crate::transform::Input;
 
 /// The header whose value names a message across systems, when producers set it.
 pub const MESSAGE_ID_HEADER: &str = "message-id";
@@ -62,8 +63,30 @@ pub fn to_record(msg: &impl Message, origin: Origin) -> Record {
     // The value first: its copy streams through the fetched record, so the headers that
     // follow it are in the cache when they are read.
     let value = msg.payload().map(<[u8]>::to_vec);
-    let headers = msg
-        .headers()
+    Record {
+        key: msg.key().map(<[u8]>::to_vec),
+        value,
+        headers: headers_of(msg),
+        timestamp: msg.timestamp().to_millis(),
+        origin,
+    }
+}
+
+/// The pipeline's input of a consumed message from `origin`: key and value borrowed from
+/// the message (the pipeline decodes them there and copies only what it writes), headers
+/// copied.
+pub fn to_input<'m>(msg: &'m impl Message, origin: Origin) -> Input<'m> {
+    Input {
+        key: msg.key(),
+        value: msg.payload(),
+        headers: headers_of(msg),
+        timestamp: msg.timestamp().to_millis(),
+        origin,
+    }
+}
+
+fn headers_of(msg: &impl Message) -> Vec<(String, Vec<u8>)> {
+    msg.headers()
         .map(|hs| {
             hs.iter()
                 .map(|h| {
@@ -74,14 +97,7 @@ pub fn to_record(msg: &impl Message, origin: Origin) -> Record {
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    Record {
-        key: msg.key().map(<[u8]>::to_vec),
-        value,
-        headers,
-        timestamp: msg.timestamp().to_millis(),
-        origin,
-    }
+        .unwrap_or_default()
 }
 
 /// At debug level, a span with the record's origin and message id, so one message can be
