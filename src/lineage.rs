@@ -1,7 +1,9 @@
 //! Lineage: every record a job writes to Kafka (an output or a dead letter) names the
-//! consumed record it came from. Pure: headers in, headers out, unit-tested with plain values;
-//! the engine stamps records as it hands them to the transaction, and `onceflow reconcile`
-//! reads the stamps back.
+//! consumed record it came from. Pure: headers in, headers out, unit-tested with plain values.
+//! The engine hands each output to the transaction with the [`Lineage`] it is written with;
+//! the send path folds it into the producer's header list ([`fold_headers`]), so no header
+//! is built per record on the way; the outbox relay, which keeps its records, [`stamp`]s
+//! them. `onceflow reconcile` reads the stamps back.
 //!
 //! An output carries one header, [`ORIGIN`] = `<topic>/<partition>/<offset>`, plus [`ID`]
 //! when the consumed record has an event id. The broker parses every header of every record
