@@ -274,17 +274,21 @@ mod tests {
         assert_eq!(read(pairs(&r)).map(|s| s.id), Ok(None));
     }
 
+    /// The headers of a record consumed from another job's output: its stamps in both forms,
+    /// and headers of its own, one of them named like a lineage header but not one.
+    const UPSTREAM: [(&str, &str); 7] = [
+        (TOPIC, "upstream"),
+        (PARTITION, "0"),
+        (OFFSET, "9"),
+        (ID, "old"),
+        (ORIGIN, "upstream/1/2"),
+        ("k", "v"),
+        ("onceflow.originals", "kept"),
+    ];
+
     #[test]
     fn an_upstream_stamp_is_replaced_not_doubled() {
-        let mut r = record(vec![
-            (TOPIC, "upstream"),
-            (PARTITION, "0"),
-            (OFFSET, "9"),
-            (ID, "old"),
-            (ORIGIN, "upstream/1/2"),
-            ("k", "v"),
-            ("onceflow.originals", "kept"),
-        ]);
+        let mut r = record(UPSTREAM.to_vec());
         stamp(&mut r, &origin(), None);
         let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, vec!["k", "onceflow.originals", ORIGIN]);
@@ -376,6 +380,7 @@ mod tests {
         let empty = record(vec![("message-id", "")]);
         assert_eq!(event_id(pairs(&empty), "message-id"), None);
     }
+
     /// What the send path writes: the headers [`fold_headers`] gives.
     fn written(
         headers: &[(String, Vec<u8>)],
@@ -391,15 +396,6 @@ mod tests {
 
     #[test]
     fn the_send_path_writes_what_a_stamp_keeps() {
-        let upstream = vec![
-            (TOPIC, "upstream"),
-            (PARTITION, "0"),
-            (OFFSET, "9"),
-            (ID, "old"),
-            (ORIGIN, "upstream/1/2"),
-            ("k", "v"),
-            ("onceflow.originals", "kept"),
-        ];
         let long = Origin {
             topic: "t".repeat(400).into(),
             partition: i32::MIN,
@@ -410,7 +406,7 @@ mod tests {
             partition: i32::MIN,
             offset: i64::MIN,
         };
-        for headers in [vec![], vec![("k", "v")], upstream] {
+        for headers in [vec![], vec![("k", "v")], UPSTREAM.to_vec()] {
             for o in [origin(), long.clone(), extreme.clone()] {
                 for id in [None, Some(&b"e-7"[..])] {
                     let mut r = record(headers.clone());
