@@ -587,7 +587,7 @@ impl<'t> Job<'t> {
                 telemetry::record_failed(&origin, &e, on_error, attempts);
                 self.produced.clear();
                 self.ensure_dead_letter_topic(consumer, txn)?;
-                let letter = self.dead_letter(msg, &origin, &e, attempts);
+                let letter = self.dead_letter(msg, consumed, &e, attempts);
                 // A dead letter carries its origin in headers of its own.
                 let letters = [Outgoing {
                     topic: self.dead_letter_topic.as_str(),
@@ -663,12 +663,12 @@ impl<'t> Job<'t> {
     fn dead_letter(
         &self,
         msg: &BorrowedMessage<'_>,
-        origin: &Origin,
+        consumed: Consumed<'_>,
         e: &RecordError,
         attempts: u32,
     ) -> Record {
         let mut letter = dlq::dead_letter(
-            &source::to_record(msg, origin.clone()),
+            &source::to_record(msg, consumed.origin.clone()),
             &dlq::Failure {
                 kind: e.kind.name().to_string(),
                 message: e.message.clone(),
@@ -679,7 +679,7 @@ impl<'t> Job<'t> {
             self.instance_id,
             now_ms(),
         );
-        if let Some(id) = self.event_id(msg) {
+        if let Some(id) = consumed.id {
             letter.headers.push((dlq::H_ID.into(), id.to_vec()));
         }
         fit_dead_letter(letter, self.max_message_bytes)
