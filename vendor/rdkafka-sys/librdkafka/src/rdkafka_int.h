@@ -535,6 +535,15 @@ struct rd_kafka_s {
                                   *   requires an EndTxn request
                                   *   on abort or not. */
 
+                int txn_concurrent_cnt; /**< AddPartitionsToTxn requests
+                                         *   refused in a row with
+                                         *   CONCURRENT_TRANSACTIONS (the
+                                         *   coordinator still completing
+                                         *   the previous transaction):
+                                         *   the next retry's backoff
+                                         *   doubles from 1 ms up to 20 ms.
+                                         *   Reset by a registration. */
+
                 /**< Timer to trigger registration of pending partitions */
                 rd_kafka_timer_t txn_register_parts_tmr;
 

@@ -900,7 +900,17 @@ static void rd_kafka_txn_handle_AddPartitionsToTxn(rd_kafka_t *rk,
                                 break;
 
                         case RD_KAFKA_RESP_ERR_CONCURRENT_TRANSACTIONS:
-                                retry_backoff_ms = 20;
+                                /* The previous transaction's markers are
+                                 * still being written: usually done within
+                                 * a few milliseconds. Retry after 1 ms,
+                                 * doubling up to 20 ms (a constant 20 ms
+                                 * held every transaction's first records
+                                 * back by as much). */
+                                retry_backoff_ms = RD_MIN(
+                                    20,
+                                    1 << RD_MIN(rk->rk_eos.txn_concurrent_cnt,
+                                                5));
+                                rk->rk_eos.txn_concurrent_cnt++;
                                 /* FALLTHRU */
                         case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
                         case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
@@ -990,6 +1000,8 @@ static void rd_kafka_txn_handle_AddPartitionsToTxn(rd_kafka_t *rk,
 
         if (actions) /* Actions set from encountered errors */
                 goto done;
+
+        rk->rk_eos.txn_concurrent_cnt = 0;
 
         /* Since these partitions are now allowed to produce
          * we wake up all broker threads. */
