@@ -110,7 +110,11 @@ fn sigkilled_and_restarted(name: &str, runtime: &str) {
         ids.len(),
         "not every record came through after the restarts"
     );
-    assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+    let outputs = read_records(&s.output, PARTITIONS, "read_committed");
+    assert_exactly_once(&ids, &ids_of(&outputs));
+    // Each output names the input record it came from, whether it was sent at once or held
+    // while a commit ran in the background (overlapped commits).
+    assert_lineage(&s.input, PARTITIONS, &outputs);
 }
 
 /// A zombie holding an open transaction: an instance frozen in the middle of its work for

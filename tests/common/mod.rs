@@ -170,6 +170,7 @@ pub fn produce_records_paced(
 #[derive(Debug, Clone)]
 pub struct ReadRecord {
     pub partition: i32,
+    pub offset: i64,
     pub key: Option<String>,
     pub value: Option<String>,
     /// The value's bytes as read (`value` is their lossy UTF-8 text).
@@ -254,7 +255,12 @@ pub fn distinct_now(topic: &str, partitions: i32, budget: Duration) -> usize {
 /// Every output id of `topic`, in order of reading, up to a marker written now to each
 /// partition. Panics when a marker does not become visible: a transaction is left hanging.
 pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
-    read_records(topic, partitions, isolation)
+    ids_of(&read_records(topic, partitions, isolation))
+}
+
+/// The ids of `records`, their keys, in order.
+pub fn ids_of(records: &[ReadRecord]) -> Vec<u64> {
+    records
         .iter()
         .map(|r| {
             let key = r.key.as_deref().expect("output record without key");
@@ -262,6 +268,47 @@ pub fn read_all(topic: &str, partitions: i32, isolation: &str) -> Vec<u64> {
                 .unwrap_or_else(|_| panic!("output key is not an id: {key:?}"))
         })
         .collect()
+}
+
+/// Asserts that every record of `outputs` names, in its `onceflow.origin` header
+/// (`<topic>/<partition>/<offset>`), a record of `input` with the same key: the lineage as
+/// a broker stored it, for records sent at once and for those held while a commit ran.
+pub fn assert_lineage(input: &str, partitions: i32, outputs: &[ReadRecord]) {
+    let keys: BTreeMap<(i32, i64), Option<String>> =
+        read_records(input, partitions, "read_committed")
+            .into_iter()
+            .map(|r| ((r.partition, r.offset), r.key))
+            .collect();
+    let mut wrong = Vec::new();
+    for r in outputs {
+        let Some(origin) = r.headers.get("onceflow.origin") else {
+            wrong.push(format!(
+                "{:?} at {}@{}: no origin",
+                r.key, r.partition, r.offset
+            ));
+            continue;
+        };
+        let mut parts = origin.rsplitn(3, '/');
+        let offset = parts.next().and_then(|o| o.parse::<i64>().ok());
+        let partition = parts.next().and_then(|p| p.parse::<i32>().ok());
+        let named = match (parts.next(), partition, offset) {
+            (Some(topic), Some(p), Some(o)) if topic == input => keys.get(&(p, o)),
+            _ => None,
+        };
+        if named != Some(&r.key) {
+            wrong.push(format!(
+                "{:?} at {}@{} names {origin}, whose key is {named:?}",
+                r.key, r.partition, r.offset
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} outputs name the wrong origin, first: {:?}",
+        wrong.len(),
+        outputs.len(),
+        &wrong[..wrong.len().min(5)]
+    );
 }
 
 /// Every record of `topic`, in order of reading, up to a marker written now to each
@@ -311,6 +358,7 @@ pub fn try_read_records(
                 } else {
                     records.push(ReadRecord {
                         partition: msg.partition(),
+                        offset: msg.offset(),
                         key: text(msg.key()),
                         value: text(msg.payload()),
                         raw: msg.payload().map(<[u8]>::to_vec),
