@@ -542,7 +542,8 @@ struct rd_kafka_s {
                                          *   the previous transaction):
                                          *   the next retry's backoff
                                          *   doubles from 1 ms up to 20 ms.
-                                         *   Reset by a registration. */
+                                         *   At most 5; reset by a
+                                         *   registration. */
 
                 /**< Timer to trigger registration of pending partitions */
                 rd_kafka_timer_t txn_register_parts_tmr;

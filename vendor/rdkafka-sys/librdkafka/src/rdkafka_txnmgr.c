@@ -907,10 +907,9 @@ static void rd_kafka_txn_handle_AddPartitionsToTxn(rd_kafka_t *rk,
                                  * held every transaction's first records
                                  * back by as much). */
                                 retry_backoff_ms = RD_MIN(
-                                    20,
-                                    1 << RD_MIN(rk->rk_eos.txn_concurrent_cnt,
-                                                5));
-                                rk->rk_eos.txn_concurrent_cnt++;
+                                    20, 1 << rk->rk_eos.txn_concurrent_cnt);
+                                if (rk->rk_eos.txn_concurrent_cnt < 5)
+                                        rk->rk_eos.txn_concurrent_cnt++;
                                 /* FALLTHRU */
                         case RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS:
                         case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
