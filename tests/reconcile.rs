@@ -310,16 +310,9 @@ fn a_clean_run_with_fan_out_filters_and_dead_letters_reconciles() {
     assert_eq!(total(&report, "produced"), produced);
 }
 
-/// The origin an output names in its `onceflow.origin` header: `<topic>/<partition>/<offset>`.
+/// The origin an output names in its `onceflow.origin` header.
 fn origin_of(r: &ReadRecord) -> (String, i32, i64) {
-    let v = &r.headers["onceflow.origin"];
-    let mut parts = v.rsplitn(3, '/');
-    let offset = parts.next().and_then(|o| o.parse().ok()).expect("offset");
-    let partition = parts
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("partition");
-    (parts.next().expect("topic").to_string(), partition, offset)
+    named_origin(r).unwrap_or_else(|| panic!("no readable onceflow.origin in {:?}", r.headers))
 }
 
 /// `r` with its lineage in the three `onceflow.origin.topic/partition/offset` headers that

@@ -288,11 +288,8 @@ pub fn assert_lineage(input: &str, partitions: i32, outputs: &[ReadRecord]) {
             ));
             continue;
         };
-        let mut parts = origin.rsplitn(3, '/');
-        let offset = parts.next().and_then(|o| o.parse::<i64>().ok());
-        let partition = parts.next().and_then(|p| p.parse::<i32>().ok());
-        let named = match (parts.next(), partition, offset) {
-            (Some(topic), Some(p), Some(o)) if topic == input => keys.get(&(p, o)),
+        let named = match named_origin(r) {
+            Some((topic, p, o)) if topic == input => keys.get(&(p, o)),
             _ => None,
         };
         if named != Some(&r.key) {
@@ -309,6 +306,16 @@ pub fn assert_lineage(input: &str, partitions: i32, outputs: &[ReadRecord]) {
         outputs.len(),
         &wrong[..wrong.len().min(5)]
     );
+}
+
+/// The origin a record names in its `onceflow.origin` header,
+/// `<topic>/<partition>/<offset>` (a topic may itself contain `/`); `None` without a
+/// readable one.
+pub fn named_origin(r: &ReadRecord) -> Option<(String, i32, i64)> {
+    let mut parts = r.headers.get("onceflow.origin")?.rsplitn(3, '/');
+    let offset = parts.next()?.parse().ok()?;
+    let partition = parts.next()?.parse().ok()?;
+    Some((parts.next()?.to_string(), partition, offset))
 }
 
 /// Every record of `topic`, in order of reading, up to a marker written now to each
