@@ -9,7 +9,8 @@
 #   benches/client-ceiling/run.sh [records] [partitions] [rounds] [krafka|krafka-1]
 #                                                          (2000000 8 4 krafka)
 #
-# krafka runs on Tokio's multi-threaded runtime, krafka-1 on its current-thread one.
+# krafka runs on Tokio's multi-threaded runtime, krafka-1 on its current-thread one;
+# FETCH_MAX_BYTES sets both consumers' fetch limit (50 MiB by default in both).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -35,7 +36,7 @@ run() { # client round -> "client records seconds cpu-s records/s cpu-us/record"
   "$bin" "$1" "$bootstrap" "$input" "$partitions" "$out" "$records"
   "$kafka" topics --bootstrap-server "$bootstrap" --delete --topic "$out" >/dev/null
 }
-echo "$records records, $partitions partition(s), one broker, rdkafka against $other; an unmeasured warm-up of each client first"
+echo "$records records, $partitions partition(s), one broker, rdkafka against $other, FETCH_MAX_BYTES ${FETCH_MAX_BYTES:-default}; an unmeasured warm-up of each client first"
 run rdkafka 0 >/dev/null
 run "$other" 0 >/dev/null
 echo

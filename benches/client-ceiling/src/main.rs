@@ -5,8 +5,8 @@
 //!   client-ceiling rdkafka|krafka|krafka-1 BOOTSTRAP INPUT PARTITIONS OUTPUT RECORDS
 //!
 //! `krafka` runs on Tokio's multi-threaded runtime (a worker per core), `krafka-1` on its
-//! current-thread runtime; KRAFKA_FETCH_MAX_BYTES sets krafka's consumer `fetch_max_bytes`
-//! (50 MiB by default, as librdkafka's `fetch.max.bytes`).
+//! current-thread runtime. FETCH_MAX_BYTES sets both consumers' fetch limit
+//! (`fetch.max.bytes`, krafka's `fetch_max_bytes`; 50 MiB by default in both).
 //!
 //! Prints one line: client, records, seconds, CPU seconds of this process (user + system,
 //! from /proc/self/stat), records/s, CPU µs per record. Both producers are idempotent with
@@ -23,6 +23,13 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// FETCH_MAX_BYTES, when set.
+fn fetch_max_bytes() -> Option<i32> {
+    std::env::var("FETCH_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 fn with_rdkafka(bootstrap: &str, input: &str, partitions: i32, output: &str, n: u64) -> u64 {
     use rdkafka::config::ClientConfig;
     use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -30,12 +37,18 @@ fn with_rdkafka(bootstrap: &str, input: &str, partitions: i32, output: &str, n: 
     use rdkafka::message::Message;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use rdkafka::{Offset, TopicPartitionList};
-    let consumer: BaseConsumer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("client-ceiling-{}", std::process::id()))
         .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+        // As onceflow's consumers: a partition whose prefetch queue was full is fetched
+        // again after 50 ms, not librdkafka's 1 s.
+        .set("fetch.queue.backoff.ms", "50");
+    if let Some(bytes) = fetch_max_bytes() {
+        config.set("fetch.max.bytes", bytes.to_string());
+    }
+    let consumer: BaseConsumer = config.create().expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(input, p, Offset::Beginning)
@@ -96,10 +109,7 @@ async fn with_krafka(bootstrap: &str, input: &str, partitions: i32, output: &str
     let mut builder = kafka
         .consumer_without_group()
         .auto_offset_reset(AutoOffsetReset::Earliest);
-    if let Some(bytes) = std::env::var("KRAFKA_FETCH_MAX_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    if let Some(bytes) = fetch_max_bytes() {
         builder = builder.fetch_max_bytes(bytes);
     }
     let consumer = builder.build().await.expect("consumer");
