@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Two Kafka clients' read-process-write ceilings side by side: librdkafka (rdkafka, built from
-# onceflow's vendor/) and krafka (pure Rust). One broker (the project's), RECORDS preloaded
+# Two Kafka clients' read-process-write ceilings side by side: librdkafka (onceflow's own
+# ceiling client, built on onceflow's vendor/) and krafka (pure Rust). One broker (the project's), RECORDS preloaded
 # 1 KiB records without a key (Kafka's ProducerPerformance) in PARTITIONS partitions; then
 # ROUNDS rounds, the two clients in alternating order, each run reading the whole input from
 # its beginning and writing it to a fresh output topic. Ratios krafka / rdkafka are taken
@@ -10,7 +10,7 @@
 #                                                          (2000000 8 4 krafka)
 #
 # krafka runs on Tokio's multi-threaded runtime, krafka-1 on its current-thread one;
-# FETCH_MAX_BYTES sets both consumers' fetch limit (50 MiB by default in both).
+# FETCH_MAX_BYTES sets krafka's consumer fetch limit (50 MiB by default, as librdkafka's).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

@@ -54,6 +54,8 @@ use crate::kafka::admin::{Admin, AdminError};
 use crate::txn::CommitSteps;
 use kafka::OutputReader;
 pub use kafka::ProducerTuning;
+/// The read-process-write ceiling client's loop, for benches/client-ceiling to run as is.
+pub use kafka::read_process_write;
 use procs::Proc;
 
 /// Why the bench could not go on.

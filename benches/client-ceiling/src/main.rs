@@ -4,13 +4,15 @@
 //!
 //!   client-ceiling rdkafka|krafka|krafka-1 BOOTSTRAP INPUT PARTITIONS OUTPUT RECORDS
 //!
-//! `krafka` runs on Tokio's multi-threaded runtime (a worker per core), `krafka-1` on its
-//! current-thread runtime. FETCH_MAX_BYTES sets both consumers' fetch limit
-//! (`fetch.max.bytes`, krafka's `fetch_max_bytes`; 50 MiB by default in both).
+//! `rdkafka` is onceflow's own ceiling client (`onceflow::bench::read_process_write`, the
+//! bench's rpw-ceiling cell, with its reader and producer settings). `krafka` runs the same
+//! loop on krafka on Tokio's multi-threaded runtime (a worker per core), `krafka-1` on its
+//! current-thread runtime; FETCH_MAX_BYTES sets krafka's consumer `fetch_max_bytes` (50 MiB
+//! by default, as librdkafka's `fetch.max.bytes`).
 //!
 //! Prints one line: client, records, seconds, CPU seconds of this process (user + system,
 //! from /proc/self/stat), records/s, CPU µs per record. Both producers are idempotent with
-//! acks=all, linger 5 ms and batch.size 262144, as onceflow's bench ceiling client.
+//! acks=all, linger 5 ms and batch.size 262144.
 use std::time::{Duration, Instant};
 
 fn cpu_seconds() -> f64 {
@@ -30,75 +32,14 @@ fn fetch_max_bytes() -> Option<i32> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The bench's own ceiling client (`onceflow bench`'s rpw-ceiling cell), run to `n` records.
 fn with_rdkafka(bootstrap: &str, input: &str, partitions: i32, output: &str, n: u64) -> u64 {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-    use rdkafka::message::Message;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    use rdkafka::{Offset, TopicPartitionList};
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("client-ceiling-{}", std::process::id()))
-        .set("enable.auto.commit", "false")
-        // As onceflow's consumers: a partition whose prefetch queue was full is fetched
-        // again after 50 ms, not librdkafka's 1 s.
-        .set("fetch.queue.backoff.ms", "50");
-    if let Some(bytes) = fetch_max_bytes() {
-        config.set("fetch.max.bytes", bytes.to_string());
-    }
-    let consumer: BaseConsumer = config.create().expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(input, p, Offset::Beginning)
-            .expect("tpl");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("delivery.report.only.error", "true")
-        .set("linger.ms", "5")
-        .set("batch.size", "262144")
-        .create()
-        .expect("producer");
-    let mut written = 0u64;
-    while written < n {
-        match consumer.poll(Duration::from_millis(10)) {
-            Some(Ok(msg)) => {
-                let mut record = BaseRecord::<[u8], [u8]>::to(output);
-                if let Some(k) = msg.key() {
-                    record = record.key(k);
-                }
-                if let Some(v) = msg.payload() {
-                    record = record.payload(v);
-                }
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                            record = r;
-                            producer.poll(Duration::ZERO);
-                            // SAFETY: the handle is valid while `producer` lives; flush only waits.
-                            unsafe {
-                                rdkafka::bindings::rd_kafka_flush(producer.client().native_ptr(), 1)
-                            };
-                        }
-                        Err((e, _)) => panic!("produce: {e}"),
-                    }
-                }
-                written += 1;
-                if written.is_multiple_of(256) {
-                    producer.poll(Duration::ZERO);
-                }
-            }
-            Some(Err(e)) => panic!("consume: {e}"),
-            None => producer.poll(Duration::ZERO),
-        }
-    }
-    producer.flush(Duration::from_secs(300)).expect("flush");
-    written
+    let tuning = onceflow::bench::ProducerTuning {
+        linger_ms: 5,
+        batch_size: 262_144,
+    };
+    onceflow::bench::read_process_write(bootstrap, input, partitions, output, tuning, &|w| w < n)
+        .expect("read-process-write")
 }
 
 async fn with_krafka(bootstrap: &str, input: &str, partitions: i32, output: &str, n: u64) -> u64 {
