@@ -1,0 +1,394 @@
+//! The changes vendor/patches makes to librdkafka, each held by a test that fails without it
+//! (vendor/README.md). They run on librdkafka's mock cluster, in-process, with no broker:
+//! slowed responses, refused requests and the requests received are the mock's.
+//!
+//! The tests drive rdkafka and the mock's C API directly, not onceflow: they hold librdkafka
+//! to its behaviour, whatever onceflow does with it.
+
+use std::ffi::{CStr, CString};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaResult;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka_sys::rd_kafka_mock_cluster_t;
+use rdkafka_sys::rd_kafka_resp_err_t::{self, RD_KAFKA_RESP_ERR_NO_ERROR};
+
+/// A running mock cluster; it lives as long as this value.
+struct MockCluster {
+    // The mock cluster belongs to this client's handle (`test.mock.num.brokers`).
+    handle: BaseProducer,
+    bootstrap: String,
+}
+
+impl MockCluster {
+    /// Starts a mock cluster of `brokers` brokers.
+    fn start(brokers: u32) -> KafkaResult<MockCluster> {
+        let handle: BaseProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", brokers.to_string())
+            .create()?;
+        let mut cluster = MockCluster {
+            handle,
+            bootstrap: String::new(),
+        };
+        let mock = cluster.mock();
+        // SAFETY: `mock` is alive with `cluster.handle`; the call only sets a field. Without
+        // it the mock delays every first group join by 3 s.
+        unsafe { rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(mock, 0) };
+        // SAFETY: the mock cluster returns a NUL-terminated string it owns.
+        cluster.bootstrap = unsafe {
+            CStr::from_ptr(rdkafka_sys::rd_kafka_mock_cluster_bootstraps(mock))
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(cluster)
+    }
+
+    /// The mock cluster of the handle.
+    fn mock(&self) -> *mut rd_kafka_mock_cluster_t {
+        // SAFETY: the native handle is valid while `self.handle` lives.
+        let mock =
+            unsafe { rdkafka_sys::rd_kafka_handle_mock_cluster(self.handle.client().native_ptr()) };
+        assert!(!mock.is_null(), "librdkafka started no mock cluster");
+        mock
+    }
+
+    /// The bootstrap servers of the cluster.
+    fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Creates a topic.
+    fn create_topic(&self, name: &str, partitions: i32) -> Result<(), rd_kafka_resp_err_t> {
+        let topic = CString::new(name).expect("a topic name without NUL");
+        // SAFETY: the mock is alive with `self.handle`; `topic` is a valid C string.
+        let err = unsafe {
+            rdkafka_sys::rd_kafka_mock_topic_create(self.mock(), topic.as_ptr(), partitions, 1)
+        };
+        if err == RD_KAFKA_RESP_ERR_NO_ERROR {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Makes the next `errors.len()` requests of Kafka API `api_key` (any broker) fail with
+    /// these errors, in order.
+    fn push_request_errors(
+        &self,
+        api_key: i16,
+        errors: &[rd_kafka_resp_err_t],
+    ) -> Result<(), rd_kafka_resp_err_t> {
+        // SAFETY: the mock is alive with `self.handle`; the array outlives the call, which
+        // copies it.
+        unsafe {
+            rdkafka_sys::rd_kafka_mock_push_request_errors_array(
+                self.mock(),
+                api_key,
+                errors.len(),
+                errors.as_ptr(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Delays every response of broker `broker` by `rtt`.
+    fn set_round_trip_time(&self, broker: i32, rtt: Duration) -> Result<(), rd_kafka_resp_err_t> {
+        let ms = i32::try_from(rtt.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the mock is alive with `self.handle`; the call only sets a field.
+        let err = unsafe { rdkafka_sys::rd_kafka_mock_broker_set_rtt(self.mock(), broker, ms) };
+        if err == RD_KAFKA_RESP_ERR_NO_ERROR {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Starts recording the requests the cluster receives, for [`requests`](Self::requests).
+    fn track_requests(&self) -> Result<(), rd_kafka_resp_err_t> {
+        // SAFETY: the mock is alive with `self.handle`; the call only sets a flag.
+        unsafe { rdkafka_sys::rd_kafka_mock_start_request_tracking(self.mock()) };
+        Ok(())
+    }
+
+    /// The requests received since [`track_requests`](Self::track_requests), in order: each
+    /// one's Kafka API key and when it arrived (microseconds of librdkafka's clock).
+    fn requests(&self) -> Result<Vec<(i16, i64)>, rd_kafka_resp_err_t> {
+        let mut count = 0usize;
+        // SAFETY: the mock is alive with `self.handle`; the call returns a copied array of
+        // `count` requests (or null), which is ours and freed below.
+        let array = unsafe { rdkafka_sys::rd_kafka_mock_get_requests(self.mock(), &mut count) };
+        if array.is_null() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `array` holds `count` valid request pointers until destroyed below.
+        let requests = unsafe {
+            let seen = std::slice::from_raw_parts(array, count)
+                .iter()
+                .map(|&r| {
+                    (
+                        rdkafka_sys::rd_kafka_mock_request_api_key(r),
+                        rdkafka_sys::rd_kafka_mock_request_timestamp(r),
+                    )
+                })
+                .collect();
+            rdkafka_sys::rd_kafka_mock_request_destroy_array(array, count);
+            seen
+        };
+        Ok(requests)
+    }
+}
+
+/// The idempotent (and so the transactional) producer may keep up to five requests
+/// in flight per partition. Stock librdkafka 2.12 compares that limit with the
+/// partition's messages in flight, so a batch of five or more records held the
+/// partition to one request per round trip (vendor/patches/0002-*). With a round trip of
+/// 1.5 s and batches of 10 records, one round trip then acknowledges 10 records; with
+/// the fix five batches travel together.
+#[test]
+fn an_idempotent_producer_keeps_several_requests_in_flight_on_one_partition() {
+    let cluster = MockCluster::start(1).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "200")
+        .set("batch.num.messages", "10")
+        .create()
+        .unwrap();
+    // A first record: the producer id and the partition's leader are known before the
+    // round trip is slowed down.
+    producer
+        .send(BaseRecord::<(), _>::to("t").payload("first"))
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let rtt = Duration::from_millis(1500);
+    cluster.set_round_trip_time(1, rtt).unwrap();
+    let sent = Instant::now();
+    for n in 0..100 {
+        let value = format!("record {n}");
+        producer
+            .send(BaseRecord::<(), _>::to("t").payload(&value))
+            .unwrap();
+    }
+    // Short of two round trips: one request at a time has had one answer by then (10
+    // records); five sent together, five answers (50), with 1.2 s to spare for a slow
+    // machine.
+    while sent.elapsed() < rtt * 9 / 5 {
+        producer.poll(Duration::from_millis(5));
+    }
+    let acknowledged = 100 - producer.in_flight_count();
+    assert!(
+        acknowledged >= 30,
+        "{acknowledged} records acknowledged within two round trips: one request at a time"
+    );
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// The broker thread's wake-ups, as librdkafka's statistics count them.
+#[derive(Default)]
+struct Wakeups(std::sync::Mutex<Option<u64>>);
+
+impl rdkafka::ClientContext for Wakeups {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let total = statistics
+            .brokers
+            .values()
+            .filter(|b| b.nodeid >= 0)
+            .filter_map(|b| b.wakeups)
+            .sum();
+        *self.0.lock().unwrap() = Some(total);
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Wakeups {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+}
+
+/// While a partition's five requests are in flight and another batch is ready, the
+/// broker thread sleeps until a response comes. Stock librdkafka (and the first fix)
+/// found the batch ready before looking at the window, asked to be woken at once, and
+/// called `poll()` with a zero timeout in a loop for the whole round trip: tens of
+/// thousands of wake-ups a second, a quarter of the exactly-once job's CPU at 8
+/// partitions (vendor/patches/0002-*).
+#[test]
+fn a_producer_whose_window_is_full_sleeps_until_a_response_comes() {
+    let cluster = MockCluster::start(1).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    let producer: BaseProducer<Wakeups> = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "10")
+        .set("statistics.interval.ms", "100")
+        .create_with_context(Wakeups::default())
+        .unwrap();
+    producer
+        .send(BaseRecord::<(), _>::to("t").payload("first"))
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let rtt = Duration::from_millis(2000);
+    cluster.set_round_trip_time(1, rtt).unwrap();
+    // Five requests of 10 fill the window; five more batches stay ready behind it.
+    for n in 0..100 {
+        let value = format!("record {n}");
+        producer
+            .send(BaseRecord::<(), _>::to("t").payload(&value))
+            .unwrap();
+    }
+    let wakeups_at = |wait: Duration| {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            producer.poll(Duration::from_millis(10));
+        }
+        producer.context().0.lock().unwrap().unwrap()
+    };
+    let first = wakeups_at(Duration::from_millis(500));
+    let second = wakeups_at(Duration::from_millis(1000));
+    assert!(
+        second - first < 500,
+        "{} wake-ups of the broker threads in about 1 s of a round trip: spinning",
+        second - first
+    );
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// A fetched record without headers is marked as such as it is parsed
+/// (vendor/patches/0003-*): reading its headers then costs no allocation. The
+/// shortest header sections that are not empty (one header with an empty key and a null
+/// value is three bytes) must still read back whole, as must records with none.
+#[test]
+fn headers_read_back_as_written_with_records_without_headers_among_them() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+
+    let cluster = MockCluster::start(1).unwrap();
+    cluster.create_topic("h", 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    type Written = Vec<(&'static str, Option<&'static [u8]>)>;
+    let cases: Vec<Option<Written>> = vec![
+        None,
+        Some(vec![("", None)]),
+        None,
+        Some(vec![("", Some(b""))]),
+        Some(vec![
+            ("k", Some(b"v")),
+            ("", None),
+            ("trace", Some(b"00-ab-01")),
+        ]),
+        None,
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        let value = format!("record {n}");
+        let mut record = BaseRecord::<(), _>::to("h").payload(&value);
+        if let Some(headers) = case {
+            let mut owned = OwnedHeaders::new();
+            for (key, value) in headers {
+                owned = owned.insert(Header { key, value: *value });
+            }
+            record = record.headers(owned);
+        }
+        producer.send(record).unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "headers")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("h", 0, rdkafka::Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut read = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while read.len() < cases.len() && Instant::now() < until {
+        let Some(msg) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let msg = msg.unwrap();
+        read.push(msg.headers().map(|hs| {
+            hs.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect::<Vec<_>>()
+        }));
+    }
+    let expected: Vec<_> = cases
+        .iter()
+        .map(|case| {
+            case.as_ref().map(|hs| {
+                hs.iter()
+                    .map(|(k, v)| (k.to_string(), v.map(<[u8]>::to_vec)))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    assert_eq!(read, expected);
+}
+
+/// A transaction's first AddPartitionsToTxn is often refused with
+/// CONCURRENT_TRANSACTIONS: the coordinator is still writing the previous transaction's
+/// markers, usually for a few milliseconds more. Stock librdkafka retried after a
+/// constant 20 ms, and the transaction's records waited as long (vendor/patches/0004-*);
+/// the retry now comes after 1 ms, doubling up to 20 ms. Five refusals in a row: six
+/// requests, 1 + 2 + 4 + 8 + 16 = 31 ms of backoff between them, against at least
+/// 100 ms before.
+#[test]
+fn a_refused_partition_registration_is_retried_sooner_and_sooner() {
+    use rdkafka::producer::Producer;
+    use rdkafka_sys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_CONCURRENT_TRANSACTIONS;
+
+    const ADD_PARTITIONS_TO_TXN: i16 = 24;
+    let cluster = MockCluster::start(1).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("transactional.id", "registration-retries")
+        .create()
+        .unwrap();
+    let timeout = Duration::from_secs(10);
+    producer.init_transactions(timeout).unwrap();
+    cluster
+        .push_request_errors(
+            ADD_PARTITIONS_TO_TXN,
+            &[RD_KAFKA_RESP_ERR_CONCURRENT_TRANSACTIONS; 5],
+        )
+        .unwrap();
+    cluster.track_requests().unwrap();
+    producer.begin_transaction().unwrap();
+    producer
+        .send(BaseRecord::<(), _>::to("t").payload("registered at last"))
+        .unwrap();
+    producer.commit_transaction(timeout).unwrap();
+    let at: Vec<i64> = cluster
+        .requests()
+        .unwrap()
+        .into_iter()
+        .filter(|&(key, _)| key == ADD_PARTITIONS_TO_TXN)
+        .map(|(_, at)| at)
+        .collect();
+    assert_eq!(
+        at.len(),
+        6,
+        "AddPartitionsToTxn requests received at {at:?}"
+    );
+    let gaps_ms: Vec<f64> = at.windows(2).map(|w| (w[1] - w[0]) as f64 / 1e3).collect();
+    let total: f64 = gaps_ms.iter().sum();
+    // 31 ms of backoff and six round trips to an in-process broker; a constant 20 ms
+    // backoff cannot take less than 100.
+    assert!(
+        total < 85.0,
+        "five retries took {total:.1} ms (gaps {gaps_ms:?}): a constant backoff"
+    );
+    assert!(
+        gaps_ms[4] >= 16.0,
+        "the fifth retry came {:.1} ms after the fourth refusal: the backoff does not double",
+        gaps_ms[4]
+    );
+}
