@@ -333,12 +333,12 @@ mod tests {
 
     #[test]
     fn every_metric_is_documented_and_on_the_dashboard() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/observability.md");
         let dashboard = include_str!("../../deploy/grafana/onceflow.json");
         for (name, _) in CATALOGUE {
             assert!(
                 readme.contains(&format!("`{name}`")),
-                "{name} missing from README"
+                "{name} missing from docs/observability.md"
             );
             assert!(
                 dashboard.contains(name),
