@@ -6,11 +6,16 @@ WORKDIR /src
 # The dependencies in a layer of their own, built against empty sources: a change to
 # onceflow's code rebuilds onceflow only. vendor/ holds librdkafka with one fix
 # (vendor/README.md).
+# The workspace's other members (the benchmark) only as manifests over empty sources.
 COPY Cargo.toml Cargo.lock ./
+COPY benches/bench/Cargo.toml ./benches/bench/
+COPY benches/client-ceiling/Cargo.toml ./benches/client-ceiling/
 COPY vendor ./vendor
-RUN mkdir -p src benches \
+RUN mkdir -p src benches/bench/src benches/client-ceiling/src \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && for b in pipeline postgres_upsert http_calls outbox_relay avro_codec; do echo 'fn main() {}' > "benches/$b.rs"; done \
+    && for m in bench/src client-ceiling/src; do echo 'fn main() {}' > "benches/$m/main.rs"; done \
+    && touch benches/bench/src/lib.rs \
     && cargo build --release --locked --bin onceflow \
     && rm -rf src benches
 COPY src ./src

@@ -38,8 +38,9 @@
 //! * [`cli`] (one file per command), [`supervise`] (signals, the grace period of a stop, the
 //!   watchdog of hung calls), [`failpoints`] (every test failpoint), [`retry`] (the one
 //!   backoff), [`histogram`] (HdrHistogram of durations, 3 significant digits).
-//! * `bench` (with the `bench` feature): `onceflow bench`, throughput against partition count
-//!   next to the broker's ceiling and Kafka Streams.
+//!
+//! The benchmark (throughput against partition count next to the broker's ceiling and Kafka
+//! Streams) is a crate of its own, `benches/bench` (`onceflow-bench`), built on this library.
 //!
 //! A job consumes with `isolation.level=read_committed` and no auto-commit, and commits its
 //! outputs together with the consumed offsets (`send_offsets_to_transaction` with the
@@ -47,8 +48,6 @@
 //! per topology and instance: after a crash the restarted instance fences its previous
 //! incarnation and the broker aborts whatever it left open.
 
-#[cfg(feature = "bench")]
-pub mod bench;
 pub mod cli;
 pub mod codec;
 pub mod deploy;

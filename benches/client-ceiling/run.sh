@@ -19,8 +19,8 @@ records="${1:-2000000}"
 partitions="${2:-8}"
 rounds="${3:-4}"
 other="${4:-krafka}"
-(cd "$here" && cargo build --release --quiet)
-bin="$here/target/release/client-ceiling"
+(cd "$root" && cargo build --release --quiet -p client-ceiling)
+bin="${CARGO_TARGET_DIR:-$root/target}/release/client-ceiling"
 bootstrap="$("$kafka" start)"
 trap '"$kafka" stop' EXIT
 id="$(date +%s)"

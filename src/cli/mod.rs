@@ -1,8 +1,6 @@
 //! The command line: one file per command. `main.rs` only parses the arguments and calls
 //! [`main`]; each command turns its arguments into calls of the library and an exit status.
 
-#[cfg(feature = "bench")]
-mod bench;
 mod deploy;
 mod dlq;
 mod probe;
@@ -70,11 +68,6 @@ enum Command {
         #[command(subcommand)]
         command: deploy::DeployCommand,
     },
-    /// Measure throughput against partition count: the broker's produce/consume ceiling,
-    /// onceflow at-least-once and exactly-once, and Kafka Streams exactly_once_v2, on one
-    /// broker in one run. Writes bench.csv, bench.md and throughput.svg, prints the table.
-    #[cfg(feature = "bench")]
-    Bench(bench::BenchArgs),
 }
 
 /// Runs the parsed command line; the exit status is failure when the command failed or found
@@ -90,8 +83,6 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Deploy { command } => deploy::run(command),
         Command::Probe(args) => probe::run(&args),
         Command::Reconcile(args) => reconcile::run(args),
-        #[cfg(feature = "bench")]
-        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

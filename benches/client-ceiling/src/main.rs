@@ -4,7 +4,7 @@
 //!
 //!   client-ceiling rdkafka|krafka|krafka-1 BOOTSTRAP INPUT PARTITIONS OUTPUT RECORDS
 //!
-//! `rdkafka` is onceflow's own ceiling client (`onceflow::bench::read_process_write`, the
+//! `rdkafka` is onceflow's own ceiling client (`onceflow_bench::read_process_write`, the
 //! bench's rpw-ceiling cell, with its reader and producer settings). `krafka` runs the same
 //! loop on krafka on Tokio's multi-threaded runtime (a worker per core), `krafka-1` on its
 //! current-thread runtime; FETCH_MAX_BYTES sets krafka's consumer `fetch_max_bytes` (50 MiB
@@ -32,13 +32,13 @@ fn fetch_max_bytes() -> Option<i32> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The bench's own ceiling client (`onceflow bench`'s rpw-ceiling cell), run to `n` records.
+/// The bench's own ceiling client (`onceflow-bench`'s rpw-ceiling cell), run to `n` records.
 fn with_rdkafka(bootstrap: &str, input: &str, partitions: i32, output: &str, n: u64) -> u64 {
-    let tuning = onceflow::bench::ProducerTuning {
+    let tuning = onceflow_bench::ProducerTuning {
         linger_ms: 5,
         batch_size: 262_144,
     };
-    onceflow::bench::read_process_write(bootstrap, input, partitions, output, tuning, &|w| w < n)
+    onceflow_bench::read_process_write(bootstrap, input, partitions, output, tuning, &|w| w < n)
         .expect("read-process-write")
 }
 

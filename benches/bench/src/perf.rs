@@ -7,8 +7,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::procs::Proc;
-use super::{BenchError, Kind, ProducerTuning};
+use crate::BenchError;
+use crate::kafka::ProducerTuning;
+use crate::plan::Kind;
+use crate::procs::Proc;
 
 /// One run of a tool.
 pub struct Tool<'a> {

@@ -13,9 +13,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 
-use super::BenchError;
-use crate::histogram::Histogram;
-use crate::kafka::{Cluster, read, send};
+use crate::BenchError;
+use onceflow::histogram::Histogram;
+use onceflow::kafka::{Cluster, read, send};
 
 /// Key prefix of probe records; bulk records have plain decimal keys.
 const PROBE_PREFIX: u8 = b'p';

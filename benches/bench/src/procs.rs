@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::BenchError;
+use crate::BenchError;
 
 /// How a child ended.
 #[derive(Debug, Clone, Copy)]

@@ -1,23 +1,42 @@
-//! `onceflow bench` end to end on the real broker, tiny: one partition count, two rounds, no
+//! `onceflow-bench` end to end on the real broker, tiny: one partition count, two rounds, no
 //! Kafka Streams. Checks that every cell of every round ran, that its numbers are sane and
 //! that the report pairs the rounds, not how fast anything is.
 
-mod common;
-
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::bootstrap;
+/// The broker scripts/test started.
+fn bootstrap() -> String {
+    std::env::var("ONCEFLOW_TEST_BOOTSTRAP").expect(
+        "ONCEFLOW_TEST_BOOTSTRAP is not set: integration tests need the real broker; run them with scripts/test",
+    )
+}
+
+/// Builds the `onceflow` binary the bench runs its pipelines with, beside the bench's own
+/// (same profile), so that it is the current one.
+fn build_onceflow() {
+    let bench = Path::new(env!("CARGO_BIN_EXE_onceflow-bench"));
+    let release = bench.parent().and_then(Path::file_name) == Some("release".as_ref());
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["build", "--quiet", "-p", "onceflow", "--bin", "onceflow"]);
+    if release {
+        cargo.arg("--release");
+    }
+    let status = cargo.status().expect("run cargo build");
+    assert!(status.success(), "cargo build -p onceflow: {status}");
+}
 
 const RECORDS: u64 = 3_000;
 
 #[test]
 fn bench_writes_a_row_per_cell_with_sane_numbers() {
+    build_onceflow();
     let out = tempfile::tempdir().expect("temp dir");
     let started = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_onceflow"))
-        .args(["bench", "--bootstrap-servers", &bootstrap()])
+    let output = Command::new(env!("CARGO_BIN_EXE_onceflow-bench"))
+        .args(["--bootstrap-servers", &bootstrap()])
         .args(["--records", &RECORDS.to_string(), "--record-size", "512"])
         .args(["--partitions", "2", "--eos-commit-ms", "100"])
         .args(["--rounds", "2", "--warmup-secs", "0", "--measure-secs", "1"])
@@ -28,12 +47,12 @@ fn bench_writes_a_row_per_cell_with_sane_numbers() {
         .arg(out.path())
         .stderr(std::process::Stdio::piped())
         .output()
-        .expect("run onceflow bench");
+        .expect("run onceflow-bench");
     let stderr = String::from_utf8_lossy(&output.stderr);
     let status = output.status;
     assert!(
         status.success(),
-        "onceflow bench failed: {status}: {stderr}"
+        "onceflow-bench failed: {status}: {stderr}"
     );
     assert!(
         !stderr.contains("filling the page cache"),

@@ -13,9 +13,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::stats::{Summary, paired};
-use super::{BenchConfig, BenchError, CellResult, Kind, NOISE_CORES, Spec, machine};
-use crate::histogram::Histogram;
+use crate::plan::{BenchConfig, CellResult, Kind, NOISE_CORES, Spec};
+use crate::stats::{Summary, paired};
+use crate::{BenchError, machine};
+use onceflow::histogram::Histogram;
 
 fn opt(v: Option<f64>, decimals: usize) -> String {
     v.map(|v| format!("{v:.decimals$}")).unwrap_or_default()
@@ -763,11 +764,12 @@ pub(super) mod tests {
     use super::*;
 
     /// A configuration for tests: a probe-sized input, 5 s of warm-up and 15 s measured.
-    pub(in crate::bench) fn cfg() -> BenchConfig {
+    pub(crate) fn cfg() -> BenchConfig {
         BenchConfig {
             bootstrap_servers: None,
             repo_dir: None,
             onceflow_bin: "onceflow".into(),
+            client_bin: "onceflow-bench".into(),
             partitions: vec![1],
             records: None,
             max_records: 1,
@@ -780,7 +782,7 @@ pub(super) mod tests {
             kstreams_commit_ms: vec![100],
             java_opts: vec![],
             instances: vec![1],
-            tuning: super::super::ProducerTuning {
+            tuning: crate::ProducerTuning {
                 linger_ms: 5,
                 batch_size: 1,
             },

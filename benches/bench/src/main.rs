@@ -1,16 +1,47 @@
-//! `onceflow bench`: throughput against partition count, next to the broker's ceiling and
-//! Kafka Streams.
+//! `onceflow-bench`: throughput against partition count, next to the broker's ceiling and
+//! Kafka Streams (the method: src/lib.rs). It runs the pipelines with the `onceflow` binary
+//! built beside it (`--onceflow-bin` to name another), and its own ceiling clients as child
+//! processes of itself (`--client`).
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Parser;
 
-use crate::bench::{self, BenchConfig};
+use onceflow_bench::{self as bench, BenchConfig};
 
-/// `onceflow bench` options. Lists are comma-separated.
-#[derive(clap::Args)]
-pub struct BenchArgs {
+// The ceiling clients run with the allocator and settings of onceflow's binary
+// (onceflow's src/main.rs), so that a ceiling and a pipeline pay the same for memory.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `mi_option_purge_delay` (its v3 `include/mimalloc.h`, `enum mi_option_e`; the
+/// sys crate has no constant for it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Memory the process frees stays with mimalloc for reuse, as in onceflow's binary; the
+/// environment's `MIMALLOC_PURGE_DELAY` still decides when set.
+fn keep_freed_memory() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: sets an option of the allocator linked in; options are plain integers
+        // read when mimalloc decides to purge, and -1 is its documented "never".
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
+}
+
+/// Measure throughput against partition count: the broker's produce/consume ceiling,
+/// onceflow at-least-once and exactly-once, and Kafka Streams exactly_once_v2, on one broker
+/// in one run. Writes bench.csv, bench.md and throughput.svg, prints the table. Lists are
+/// comma-separated.
+#[derive(clap::Parser)]
+#[command(name = "onceflow-bench", version)]
+struct BenchArgs {
+    /// The onceflow binary to run the pipelines with. Default: `onceflow` beside this
+    /// program (build both with `cargo build --release -p onceflow -p onceflow-bench`).
+    #[arg(long, env = "ONCEFLOW_BIN")]
+    onceflow_bin: Option<PathBuf>,
     /// Kafka bootstrap servers. Without it the bench starts a broker with `scripts/kafka
     /// start` (KAFKA_PORT, ONCEFLOW_KAFKA_DIR, ONCEFLOW_CACHE apply) and stops it after.
     #[arg(long, env = "ONCEFLOW_BOOTSTRAP_SERVERS")]
@@ -150,7 +181,7 @@ fn repo_dir(given: Option<PathBuf>, needs: bool) -> anyhow::Result<Option<PathBu
 }
 
 /// Runs a ceiling client (`--client`) of a bench that started this process.
-fn run_client(args: BenchArgs, kind: &str) -> anyhow::Result<bool> {
+fn run_client(args: BenchArgs, kind: &str) -> anyhow::Result<()> {
     let bootstrap = args
         .bootstrap_servers
         .context("--client needs --bootstrap-servers")?;
@@ -174,10 +205,53 @@ fn run_client(args: BenchArgs, kind: &str) -> anyhow::Result<bool> {
         batch_size: args.batch_size,
     };
     bench::run_client(&bootstrap, &client, args.record_size, tuning)?;
-    Ok(true)
+    Ok(())
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
+fn main() -> ExitCode {
+    keep_freed_memory();
+    onceflow::telemetry::init_tracing(false);
+    match run(BenchArgs::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error with its causes, each once (as onceflow's command line prints them).
+fn chain(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    let mut last = text.clone();
+    for cause in e.chain().skip(1) {
+        let said = cause.to_string();
+        if !last.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        last = said;
+    }
+    text
+}
+
+/// The onceflow binary: the one given, or `onceflow` beside this program.
+fn onceflow_bin(given: Option<PathBuf>, this: &Path) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = given {
+        return Ok(bin);
+    }
+    let bin = this.with_file_name("onceflow");
+    anyhow::ensure!(
+        bin.is_file(),
+        "cannot find the onceflow binary to run the pipelines with at {}: build it beside \
+         this program (`cargo build --release -p onceflow -p onceflow-bench`) or pass \
+         --onceflow-bin",
+        bin.display()
+    );
+    Ok(bin)
+}
+
+fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(kind) = args.client.clone() {
         return run_client(args, &kind);
     }
@@ -198,11 +272,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     let needs_repo =
         args.bootstrap_servers.is_none() || !kstreams_commit_ms.is_empty() || !args.no_kafka_perf;
+    let this = std::env::current_exe().context("cannot find this program's own binary")?;
     let config = BenchConfig {
         repo_dir: repo_dir(args.repo_dir, needs_repo)?,
         bootstrap_servers: args.bootstrap_servers,
-        onceflow_bin: std::env::current_exe()
-            .context("cannot find the onceflow binary to run the pipelines with")?,
+        onceflow_bin: onceflow_bin(args.onceflow_bin, &this)?,
+        client_bin: this,
         partitions: args.partitions,
         records: args.records,
         max_records: args.max_records,
@@ -236,7 +311,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<bool> {
     let results = bench::run(&config)?;
     let failed = results.iter().filter(|r| r.error.is_some()).count();
     anyhow::ensure!(failed == 0, "{failed} cell(s) failed; see bench.csv");
-    Ok(true)
+    Ok(())
 }
 
 /// This command line as typed (the program by its file name), for the report.
