@@ -29,7 +29,7 @@ use cel::context::VariableResolver;
 use cel::{Context, Env, ExecutionError, IdedExpr, Program, Value};
 use serde_json::Value as Json;
 
-use super::fast::{self, Fast, Scalar};
+use super::fast::{self, Fast, Scalar, value_path};
 use crate::codec::json::{Doc, Field, type_name};
 use crate::record::{ErrorKind, Origin};
 
@@ -561,26 +561,6 @@ fn analyze(e: &IdedExpr, bound: &mut Vec<String>, uses: &mut Uses, unknown: &mut
         Ast::Map(map) => entries(&map.entries, bound, uses, unknown),
         Ast::Struct(s) => entries(&s.entries, bound, uses, unknown),
         Ast::Literal(_) | Ast::Unspecified => {}
-    }
-}
-
-/// The path of `e` when it is field selections on `value` (`value.a.b` gives `[a, b]`,
-/// `value` itself `[]`).
-pub(super) fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
-    let mut path = Vec::new();
-    let mut current = e;
-    loop {
-        match &current.expr {
-            Ast::Select(s) if !s.test => {
-                path.push(s.field.clone());
-                current = &s.operand;
-            }
-            Ast::Ident(name) if name == "value" && !bound.iter().any(|b| b == "value") => {
-                path.reverse();
-                return Some(path);
-            }
-            _ => return None,
-        }
     }
 }
 

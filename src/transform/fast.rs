@@ -77,9 +77,7 @@ pub fn compile(e: &IdedExpr) -> Option<Fast> {
             LiteralValue::Null => Lit::Null,
             LiteralValue::Bytes(_) => return None,
         })),
-        Ast::Select(_) => super::expr::value_path(e, &[])
-            .filter(|p| !p.is_empty())
-            .map(Fast::Path),
+        Ast::Select(_) => value_path(e, &[]).filter(|p| !p.is_empty()).map(Fast::Path),
         Ast::Call(call) => {
             let arg = |i: usize| call.args.get(i).and_then(compile).map(Box::new);
             match (call.func_name.as_str(), &call.target, call.args.len()) {
@@ -305,6 +303,26 @@ impl Scalar<'_> {
             Scalar::Double(d) => Some(d.to_string().into_bytes()),
             Scalar::Bool(b) => Some(b.to_string().into_bytes()),
             Scalar::Null => None,
+        }
+    }
+}
+
+/// The path of `e` when it is field selections on `value` (`value.a.b` gives `[a, b]`,
+/// `value` itself `[]`).
+pub(super) fn value_path(e: &IdedExpr, bound: &[String]) -> Option<Vec<String>> {
+    let mut path = Vec::new();
+    let mut current = e;
+    loop {
+        match &current.expr {
+            Ast::Select(s) if !s.test => {
+                path.push(s.field.clone());
+                current = &s.operand;
+            }
+            Ast::Ident(name) if name == "value" && !bound.iter().any(|b| b == "value") => {
+                path.reverse();
+                return Some(path);
+            }
+            _ => return None,
         }
     }
 }

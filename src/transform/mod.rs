@@ -7,10 +7,9 @@
 //! record by the output's [`crate::codec::Encoder`]. Expressions are CEL, compiled once by
 //! [`Pipeline::compile`] (see [`expr`]).
 
+mod compile;
 pub mod expr;
 mod fast;
-
-use std::collections::HashMap;
 
 use serde_json::Value as Json;
 
@@ -18,9 +17,8 @@ use crate::codec::json::{Doc, type_name};
 use crate::codec::{Decoder, Encoder, Value};
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 
-use crate::topology::{
-    ConfigIssue, HeaderPolicy, Processor, RouteConfig, RouteMode, SetHeaderConfig, Topology,
-};
+use crate::topology::{ConfigIssue, HeaderPolicy, Processor, RouteMode, Topology};
+use compile::Compiler;
 use expr::{Expression, Needs, Scope, ValueRef};
 
 /// A consumed record as the pipeline takes it: key and value borrowed from where it was
@@ -513,168 +511,6 @@ impl Pipeline {
             },
         ));
         Ok(())
-    }
-}
-
-/// What [`Pipeline::compile`] keeps while it goes through a topology.
-struct Compiler<'t> {
-    /// Output names to output indexes.
-    output_index: HashMap<&'t str, usize>,
-    /// Problems of expressions, in the order found.
-    issues: Vec<ConfigIssue>,
-    /// Route targets that name no output, reported after the problems of expressions.
-    unknown_outputs: Vec<ConfigIssue>,
-}
-
-impl<'t> Compiler<'t> {
-    fn new(topology: &'t Topology) -> Self {
-        Compiler {
-            output_index: topology
-                .outputs
-                .iter()
-                .enumerate()
-                .map(|(i, o)| (o.name(), i))
-                .collect(),
-            issues: Vec::new(),
-            unknown_outputs: Vec::new(),
-        }
-    }
-
-    /// Compiles `source`, found at `path`; `None` (and a problem) when it does not compile.
-    fn expression(&mut self, path: String, source: &str) -> Option<Expression> {
-        Expression::compile(source)
-            .map_err(|message| self.issues.push(ConfigIssue { path, message }))
-            .ok()
-    }
-
-    /// Compiles processor `p` (any but `route`, see [`Compiler::route`]), found at `here`.
-    fn step(&mut self, here: String, p: &Processor) -> Option<Step> {
-        match p {
-            Processor::Filter(src) => self.expression(here, src).map(Step::Filter),
-            Processor::Map(fields) => {
-                let compiled: Vec<_> = fields
-                    .iter()
-                    .map(|(f, src)| {
-                        self.expression(format!("{here}.{f}"), src)
-                            .map(|e| (split(f), e))
-                    })
-                    .collect();
-                compiled
-                    .into_iter()
-                    .collect::<Option<Vec<_>>>()
-                    .map(Step::Map)
-            }
-            Processor::DropFields(fields) => {
-                Some(Step::DropFields(fields.iter().map(|f| split(f)).collect()))
-            }
-            Processor::Rename(map) => Some(Step::Rename(
-                map.iter().map(|(a, b)| (split(a), split(b))).collect(),
-            )),
-            Processor::SetKey(src) => self.expression(here, src).map(Step::SetKey),
-            Processor::Explode(e) => Some(Step::Explode {
-                field: split(&e.field),
-                into: split(e.into.as_deref().unwrap_or(&e.field)),
-            }),
-            Processor::SetHeader(SetHeaderConfig { name, value, expr }) => {
-                let value = match (value, expr) {
-                    (_, Some(src)) => self
-                        .expression(format!("{here}.expr"), src)
-                        .map(HeaderValue::Computed),
-                    (Some(v), None) => Some(HeaderValue::Fixed(v.as_bytes().to_vec())),
-                    (None, None) => None,
-                };
-                value.map(|value| Step::SetHeader {
-                    name: name.clone(),
-                    value,
-                })
-            }
-            Processor::DropEmpty {} => Some(Step::DropEmpty),
-            Processor::Route(_) => None,
-        }
-    }
-
-    /// Compiles the `route` processor `r`, found at `here`, the `index`th of the pipeline.
-    fn route(&mut self, here: &str, index: usize, r: &RouteConfig) -> Option<Route> {
-        let default = self.targets(format!("{here}.default"), &r.default);
-        let targets: Vec<Vec<usize>> = r
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(n, rule)| self.targets(format!("{here}.routes[{n}].to"), &rule.to))
-            .collect();
-        let rules: Vec<Option<(Expression, Vec<usize>)>> = r
-            .routes
-            .iter()
-            .zip(targets)
-            .enumerate()
-            .map(|(n, (rule, to))| {
-                self.expression(format!("{here}.routes[{n}].when"), &rule.when)
-                    .map(|e| (e, to))
-            })
-            .collect();
-        let rules = rules.into_iter().collect::<Option<Vec<_>>>()?;
-        Some(Route {
-            rules,
-            default,
-            mode: r.mode,
-            index,
-        })
-    }
-
-    /// The indexes of the outputs `names`, found at `path`; the names of no output are left
-    /// out (and reported).
-    fn targets(&mut self, path: String, names: &[String]) -> Vec<usize> {
-        names
-            .iter()
-            .enumerate()
-            .filter_map(|(t, n)| {
-                let found = self.output_index.get(n.as_str()).copied();
-                if found.is_none() {
-                    self.unknown_outputs.push(ConfigIssue {
-                        path: format!("{path}[{t}]"),
-                        message: format!("no output is named `{n}`"),
-                    });
-                }
-                found
-            })
-            .collect()
-    }
-
-    /// The outputs of `topology`: their encoders and compiled keys.
-    fn outputs(
-        &mut self,
-        topology: &Topology,
-        encoders: Vec<Box<dyn Encoder>>,
-        key_encoders: Vec<Option<Box<dyn Encoder>>>,
-    ) -> Vec<OutputSpec> {
-        let mut outputs = Vec::new();
-        for (((i, o), encoder), key_encoder) in topology
-            .outputs
-            .iter()
-            .enumerate()
-            .zip(encoders)
-            .zip(key_encoders)
-        {
-            let key = o
-                .key
-                .as_deref()
-                .and_then(|src| self.expression(format!("outputs[{i}].key"), src));
-            outputs.push(OutputSpec {
-                name: o.name().to_string(),
-                encoder,
-                key_encoder,
-                key,
-                headers: o.headers,
-            });
-        }
-        outputs
-    }
-
-    /// Every problem found, in the order reported.
-    fn into_issues(self) -> Vec<ConfigIssue> {
-        let mut issues = self.issues;
-        issues.extend(self.unknown_outputs);
-        issues
     }
 }
 

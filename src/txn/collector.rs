@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryResult, Producer as _, ProducerContext};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer as _, ProducerContext};
 
-use super::producer::Client;
 use crate::kafka::send;
 use crate::lineage::Lineage;
 use crate::record::Record;
 use crate::sync::lock;
 use crate::telemetry::{self, metrics::TopicCounts};
+
+/// The client under the transactional producer ([`super::producer`]).
+pub(super) type Client = BaseProducer<DeliveryTracker>;
 
 /// Collects delivery failures of the producer, so a commit never goes through after a
 /// record of its transaction failed.

@@ -1014,7 +1014,7 @@ impl Txn {
 
 /// Waits for every delivery of the producer: a record that failed fails the transaction (and
 /// commit_transaction's own flush sleeps 100 ms whenever anything is in flight).
-fn await_deliveries(client: &super::producer::Client, timeout: Duration) -> KafkaResult<()> {
+fn await_deliveries(client: &collector::Client, timeout: Duration) -> KafkaResult<()> {
     collector::drain(client, timeout)?;
     match client.context().take_error() {
         Some(err) => Err(err),

@@ -12,19 +12,16 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::producer::{BaseProducer, Producer as _};
+use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, TopicPartitionList};
 
 use super::TxnError;
 use super::classify::{TxnAction, classify, is_fencing_code, traits_of};
-use super::collector::DeliveryTracker;
+use super::collector::{Client, DeliveryTracker};
 use crate::fence::Fences;
 use crate::retry;
 use crate::telemetry::{self, health::Health};
-
-/// The client under the transactional producer.
-pub(super) type Client = BaseProducer<DeliveryTracker>;
 
 /// When a producer that failed fatally may be replaced: the decision, apart from the client.
 ///

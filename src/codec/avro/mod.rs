@@ -333,3 +333,8 @@ impl Encoder for AvroEncoder {
 
 #[cfg(test)]
 mod tests;
+/// Reference values and the reference codec, for tests elsewhere that run Avro records.
+#[cfg(test)]
+pub(crate) use tests::{
+    ORDER, decode_json, order_value, reference_encode, registry_with, schema as parsed_schema,
+};

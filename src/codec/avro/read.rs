@@ -13,12 +13,11 @@
 
 use std::borrow::Cow;
 
-use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveTime};
 use num_bigint::BigInt;
 use serde_json::{Map, Number, Value as Json};
 
-use super::schema::{Compiled, Node, ROOT, UuidRepr};
+use super::schema::{Compiled, Node, ROOT, UuidRepr, base64};
 use crate::codec::json::{Doc, Field};
 
 /// Deeper nesting than this is refused (a recursive schema and hostile bytes could otherwise
@@ -370,10 +369,6 @@ pub fn float(v: f64) -> Json {
         None if v > 0.0 => Json::String("Infinity".into()),
         None => Json::String("-Infinity".into()),
     }
-}
-
-pub fn base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// The decimal text of `unscaled` x 10^-scale: `-12.50` for (-1250, 2).

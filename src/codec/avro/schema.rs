@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use apache_avro::Schema;
 use apache_avro::schema::{InnerDecimalSchema, UuidSchema};
+use base64::Engine as _;
 use serde_json::Value as Json;
 
 /// One type of a compiled schema.
@@ -156,6 +157,12 @@ impl Compiled {
     }
 }
 
+/// Bytes as a decoded document holds them: base64 text (read values and defaults alike).
+#[inline]
+pub fn base64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
 /// A field name as `&'static str`, so that a decoded document can borrow it whatever the
 /// lifetime of the consumed bytes. Names are leaked once per compiled schema; a process
 /// compiles each schema it meets once (schemas are cached by id), so this is bounded by the
@@ -297,7 +304,7 @@ impl Compiler {
         match (&self.nodes[node], value) {
             (Node::Bytes | Node::Fixed { .. }, Json::String(s)) => {
                 let bytes: Vec<u8> = s.chars().map(|c| c as u32 as u8).collect();
-                Json::String(super::read::base64(&bytes))
+                Json::String(base64(&bytes))
             }
             // A union's default is of its first branch.
             (Node::Union { branches, .. }, v) => match branches.first() {

@@ -27,17 +27,17 @@ pub const ORDER: &str = r#"{
   ]
 }"#;
 
-fn schema(text: &str) -> Schema {
+pub(crate) fn schema(text: &str) -> Schema {
     Schema::parse_str(text).unwrap()
 }
 
-fn registry_with(id: u32, text: &str) -> Arc<Registry> {
+pub(crate) fn registry_with(id: u32, text: &str) -> Arc<Registry> {
     let r = Registry::offline();
     r.add(id, schema(text)).unwrap();
     Arc::new(r)
 }
 
-fn reference_encode(s: &Schema, v: Avro) -> Vec<u8> {
+pub(crate) fn reference_encode(s: &Schema, v: Avro) -> Vec<u8> {
     GenericDatumWriter::builder(s)
         .build()
         .unwrap()
@@ -55,7 +55,7 @@ fn reference_decode(s: &Schema, bytes: &[u8]) -> Option<Avro> {
     (cursor.position() as usize == bytes.len()).then_some(v)
 }
 
-fn order_value(id: i64) -> Avro {
+pub(crate) fn order_value(id: i64) -> Avro {
     Avro::Record(vec![
         ("id".into(), Avro::Long(id)),
         ("customer".into(), Avro::String("ada".into())),
@@ -79,7 +79,7 @@ fn order_value(id: i64) -> Avro {
     ])
 }
 
-fn decode_json(decoder: &AvroDecoder, bytes: &[u8]) -> Result<Json, CodecError> {
+pub(crate) fn decode_json(decoder: &AvroDecoder, bytes: &[u8]) -> Result<Json, CodecError> {
     match decoder.decode(Some(bytes))? {
         Value::Json(Some(doc)) => Ok(doc.to_json()),
         other => panic!("{other:?}"),
@@ -625,138 +625,4 @@ fn random_and_mutated_bytes_never_panic_and_agree_with_apache_avro() {
         accepted > cases / 10 && refused > cases / 10,
         "{accepted} / {refused}"
     );
-}
-
-#[test]
-fn keys_decode_for_expressions_and_encode_with_their_own_schema() {
-    use crate::record::{Origin, Record};
-    let yaml = r#"
-name: keys
-schema_registry: {url: "http://127.0.0.1:1"}
-inputs: [{topic: in, codec: avro, key_codec: avro}]
-pipeline:
-  - filter: 'key.region == "eu"'
-  - route: {routes: [{when: 'key.n > 1', to: [same-key]}], default: [by-customer]}
-outputs:
-  - topic: by-customer
-    codec: json
-    key_codec: avro
-    key_avro: {schema: '{"type":"record","name":"CustomerKey","fields":[{"name":"customer","type":"string"}]}'}
-    key: '{"customer": value.customer}'
-  - topic: same-key
-    codec: json
-    key_codec: json
-"#;
-    let topology = crate::topology::Topology::parse(yaml, "keys").unwrap();
-    let pipeline = crate::transform::Pipeline::compile(&topology).unwrap();
-    let key_schema = r#"{"type":"record","name":"K","fields":[{"name":"region","type":"string"},{"name":"n","type":"long"}]}"#;
-    let registry = Arc::clone(pipeline.registry());
-    registry.add(100, schema(key_schema)).unwrap();
-    registry.add(101, schema(ORDER)).unwrap();
-    let key = |region: &str| {
-        frame(
-            100,
-            &reference_encode(
-                &schema(key_schema),
-                Avro::Record(vec![
-                    ("region".into(), Avro::String(region.into())),
-                    ("n".into(), Avro::Long(1)),
-                ]),
-            ),
-        )
-    };
-    let record = |region: &str| Record {
-        key: Some(key(region)),
-        value: Some(frame(
-            101,
-            &reference_encode(&schema(ORDER), order_value(5)),
-        )),
-        headers: Vec::new(),
-        timestamp: None,
-        origin: Origin {
-            topic: "in".into(),
-            partition: 0,
-            offset: 0,
-        },
-    };
-    let mut out = Vec::new();
-    pipeline.process(record("us"), &mut out).unwrap();
-    assert!(out.is_empty(), "filtered on the decoded key");
-    pipeline.process(record("eu"), &mut out).unwrap();
-    assert_eq!(out.len(), 1);
-    let written = out[0].1.key.clone().unwrap();
-    let decoder = AvroDecoder::new(Arc::clone(&registry), None);
-    assert_eq!(
-        decode_json(&decoder, &written).unwrap(),
-        json!({"customer": "ada"})
-    );
-    // A key that is not Avro fails the record, naming the key.
-    let mut bad = record("eu");
-    bad.key = Some(b"plain".to_vec());
-    let err = pipeline.process(bad, &mut out).unwrap_err();
-    assert_eq!(err.kind, ErrorKind::BadAvro);
-    assert!(err.message.starts_with("the key: "), "{err}");
-}
-
-#[test]
-fn expressions_work_on_avro_records_as_on_json_documents() {
-    use crate::record::{Origin, Record};
-    // The same pipeline over the same order, once Avro and once JSON: the same outputs.
-    let pipeline_over = |codec: &str| {
-        let yaml = format!(
-            r#"
-name: cel
-schema_registry: {{url: "http://127.0.0.1:1"}}
-inputs: [{{topic: in, codec: {codec}}}]
-pipeline:
-  - filter: 'value.status == "PAID" && value.coupon != null && value.tags.exists(t, t == "b")'
-  - filter: 'value.attributes.weight > 5 && timestamp(value.placed_at) > timestamp("2024-01-01T00:00:00Z")'
-  - map:
-      total: 'value.amount * double(value.quantity)'
-      first_tag: 'value.tags[0]'
-      day: 'string(timestamp(value.placed_at).getFullYear())'
-  - set_key: 'value.customer + "-" + string(value.id)'
-outputs: [{{topic: out, codec: json}}]
-"#
-        );
-        let topology = crate::topology::Topology::parse(&yaml, "cel").unwrap();
-        crate::transform::Pipeline::compile(&topology).unwrap()
-    };
-    let avro = pipeline_over("avro");
-    avro.registry().add(7, schema(ORDER)).unwrap();
-    let json = pipeline_over("json");
-    let avro_bytes = frame(7, &reference_encode(&schema(ORDER), order_value(42)));
-    let doc = decode_json(
-        &AvroDecoder::new(registry_with(7, ORDER), None),
-        &avro_bytes,
-    )
-    .unwrap();
-    let record = |value: Vec<u8>| Record {
-        key: None,
-        value: Some(value),
-        headers: Vec::new(),
-        timestamp: None,
-        origin: Origin {
-            topic: "in".into(),
-            partition: 0,
-            offset: 0,
-        },
-    };
-    let (mut from_avro, mut from_json) = (Vec::new(), Vec::new());
-    avro.process(record(avro_bytes), &mut from_avro).unwrap();
-    json.process(record(doc.to_string().into_bytes()), &mut from_json)
-        .unwrap();
-    assert_eq!(from_avro.len(), 1, "the filters passed the Avro record");
-    let out = |v: &[(usize, Record)]| {
-        (
-            v[0].1.key.clone(),
-            serde_json::from_slice::<Json>(v[0].1.value.as_deref().unwrap()).unwrap(),
-        )
-    };
-    assert_eq!(out(&from_avro), out(&from_json));
-    let (key, value) = out(&from_avro);
-    assert_eq!(key.as_deref(), Some(b"ada-42".as_slice()));
-    assert_eq!(value["total"], json!(37.5));
-    assert_eq!(value["first_tag"], json!("a"));
-    assert_eq!(value["day"], json!("2024"));
 }
