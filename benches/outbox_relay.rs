@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use onceflow::engine::{Identity, RunOptions};
+use onceflow::instance::{Identity, RunOptions};
 use onceflow::kafka::Cluster;
 use onceflow::kafka::admin::Admin;
 use onceflow::topology::Topology;
@@ -133,7 +133,7 @@ impl Relay {
                 stop_after_records: stop_after,
                 ..RunOptions::default()
             };
-            if let Err(e) = onceflow::engine::run(&topology, &identity, &options, &flag) {
+            if let Err(e) = onceflow::job::run(&topology, &identity, &options, &flag) {
                 eprintln!("relay failed: {e}");
             }
         });

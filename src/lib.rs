@@ -57,6 +57,8 @@ pub mod engine;
 pub mod failpoints;
 pub mod fence;
 pub mod histogram;
+pub mod instance;
+pub mod job;
 pub mod kafka;
 pub mod lineage;
 pub mod reconcile;

@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::engine::{self, EngineError, Identity, RunOptions, Summary};
+use crate::instance::{Identity, RunOptions, Summary};
+use crate::job::{self, JobError};
 use crate::telemetry::{self, health, health::Health, metrics};
 use crate::topology::Topology;
 
@@ -43,7 +44,7 @@ pub enum SuperviseError {
     #[error("the job thread panicked: {0}")]
     Panicked(tokio::task::JoinError),
     #[error(transparent)]
-    Job(#[from] EngineError),
+    Job(#[from] JobError),
 }
 
 /// The exit status of a process that found itself stopped past its stall limit.
@@ -248,7 +249,7 @@ impl Supervisor {
                 }
             });
             let job = tokio::task::spawn_blocking(move || {
-                engine::run(&topology, &identity, &options, &shutdown)
+                job::run(&topology, &identity, &options, &shutdown)
             });
             Ok(job.await.map_err(SuperviseError::Panicked)??)
         })

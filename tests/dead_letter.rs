@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use onceflow::dlq::{self, DeadLetter, Filter};
-use onceflow::engine::RunOptions;
+use onceflow::instance::RunOptions;
 use onceflow::topology::Topology;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;

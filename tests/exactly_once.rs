@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
-use onceflow::engine::{RunOptions, Summary};
+use onceflow::instance::{RunOptions, Summary};
 use onceflow::topology::Topology;
 
 const PARTITIONS: i32 = 4;

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
-use onceflow::engine::{self, EngineError, Identity, RunOptions, Summary};
+use onceflow::engine::{self, EngineError};
+use onceflow::instance::{Identity, RunOptions, Summary};
 use onceflow::topology::Topology;
 use onceflow::topology::env::Strictness;
 use onceflow::validate;

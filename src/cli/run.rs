@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::doctor::watch::Watch;
-use crate::engine::{Identity, RunOptions, Summary};
 use crate::failpoints::Failpoints;
+use crate::instance::{Identity, RunOptions, Summary};
 use crate::kafka::{clients, embedded::EmbeddedCluster};
 use crate::supervise::Supervisor;
 use crate::telemetry::health::Health;

@@ -23,19 +23,17 @@ use rdkafka::message::BorrowedMessage;
 
 use crate::dlq;
 use crate::fence::{ConsumerEnd, Next, Rejoins};
+use crate::instance::{Identity, RunOptions, Summary, call_bound};
 use crate::kafka::clients;
-pub use crate::kafka::clients::Identity;
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::source::kafka::{self as source, Paused, SourceContext, TopicError};
 use crate::sync::lock;
-use crate::telemetry::{self, health::Health};
+use crate::telemetry;
 use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
-use crate::txn::{
-    AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings, TxnStats,
-};
+use crate::txn::{AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings};
 use outcome::{Outcome, Policy};
 
 pub use crate::source::kafka::MESSAGE_ID_HEADER;
@@ -80,8 +78,6 @@ pub enum EngineError {
     },
     #[error(transparent)]
     Sink(#[from] SinkError),
-    #[error(transparent)]
-    Relay(#[from] crate::relay::RelayError),
     /// The schema registry refused an output's schema (incompatible with its subject), or
     /// cannot be reached when the job starts.
     #[error("schema registry: {0}")]
@@ -95,70 +91,15 @@ fn issues(list: &[ConfigIssue]) -> String {
         .join("; ")
 }
 
-/// How a run ends besides a shutdown signal.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Stop once this many consumed records are committed.
-    pub stop_after_records: Option<u64>,
-    /// Test-only failpoint: abort every n-th transaction instead of committing it.
-    pub abort_every: Option<u64>,
-    /// Test-only failpoint: the pipeline fails transiently this many times (in all) first.
-    pub transient_failures: u64,
-    /// Test-only failpoint: abort the process right after the n-th database commit of the
-    /// sinks, before the Kafka transaction commits.
-    pub exit_after_db_commit: Option<u64>,
-    /// Test-only failpoint (outbox relays): abort the process right after the n-th Kafka
-    /// commit, before the database commit that deletes the published rows.
-    pub exit_after_kafka_commit: Option<u64>,
-    /// How often a progress line is logged.
-    pub progress_every: Option<Duration>,
-    /// Where the job reports its readiness.
-    pub health: Arc<Health>,
-    /// librdkafka statistics (lag, rtt, queues) this often; `None` turns them off.
-    pub statistics_every: Option<Duration>,
-}
-
-/// What a run did, counting committed work only (except `skipped`).
-#[derive(Debug, Clone)]
-pub struct Summary {
-    pub txn: TxnStats,
-    /// Records the pipeline failed on and `runtime.on_error: skip` passed over. Counted when
-    /// processed: a record of a transaction that was aborted and redone counts twice.
-    pub skipped: u64,
-    pub elapsed: Duration,
-    /// Time from the first consumed record to the end: throughput without start-up.
-    pub busy: Duration,
-}
-
-/// How long one transactional client call may take before the process counts as stuck.
-/// Each call is given the transaction timeout as its own (the retries around it are separate
-/// calls), so past that and 5 s of scheduling slack it is not coming back: librdkafka's
-/// send_offsets_to_transaction waits forever when the group coordinator's broker died
-/// (librdkafka#5456, #5511), and every second of this bound is a second of a partition held.
-pub fn call_bound(topology: &Topology) -> Duration {
-    Duration::from_millis(
-        topology
-            .runtime
-            .transaction_timeout_ms
-            .saturating_add(5_000),
-    )
-}
-
 type JobConsumer = BaseConsumer<SourceContext>;
 
-/// Runs one job until `shutdown` is set, `options` say stop, or a fatal error.
+/// Runs one job of a topology with Kafka inputs (an outbox relay is [`crate::relay::run`]; [`crate::job::run`] picks) until `shutdown` is set, `options` say stop, or a fatal error.
 pub fn run(
     topology: &Topology,
     identity: &Identity,
     options: &RunOptions,
     shutdown: &AtomicBool,
 ) -> Result<Summary, EngineError> {
-    if topology.outbox().is_some() {
-        return crate::relay::run(topology, identity, options, shutdown).map_err(|e| {
-            telemetry::fatal(&e);
-            EngineError::from(e)
-        });
-    }
     // A fence, or an instance id refused: join again or stop, as crate::fence::Rejoins says.
     let mut rejoins = Rejoins::new(Instant::now());
     loop {
@@ -821,13 +762,6 @@ fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_client_call_counts_as_stuck_5_s_past_its_own_timeout() {
-        let text = "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\nruntime: {transaction_timeout_ms: 10000}\n";
-        let topology: Topology = serde_saphyr::from_str(text).unwrap();
-        assert_eq!(call_bound(&topology), Duration::from_secs(15));
-    }
 
     #[test]
     fn an_error_after_the_consumer_was_fenced_is_that_fence() {

@@ -31,7 +31,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
 use crate::dlq::format::{Failure, dead_letter};
-use crate::engine::{Identity, RunOptions, Summary};
+use crate::instance::{Identity, RunOptions, Summary};
 use crate::kafka::admin::Admin;
 use crate::kafka::{Cluster, clients};
 use crate::record::{ErrorKind, Record, RecordError, Stage};
@@ -262,7 +262,7 @@ impl<'t> Relay<'t> {
             .set_bound(timeout + Duration::from_millis(config.poll_interval_ms));
         options
             .health
-            .set_call_bound(crate::engine::call_bound(topology));
+            .set_call_bound(crate::instance::call_bound(topology));
         telemetry::relay_started(
             &topology.name,
             &identity.instance_id,

@@ -511,22 +511,22 @@ pub fn terminate(mut child: KillOnDrop) {
 /// (read_committed), then stops it with the shutdown flag, as SIGTERM would.
 pub fn run_in_process(
     topology: &onceflow::topology::Topology,
-    options: onceflow::engine::RunOptions,
+    options: onceflow::instance::RunOptions,
     topic: &str,
     partitions: i32,
     expected: usize,
-) -> onceflow::engine::Summary {
+) -> onceflow::instance::Summary {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     onceflow::telemetry::init_tracing(false);
     let shutdown = Arc::new(AtomicBool::new(false));
     let handle = {
         let (topology, shutdown) = (topology.clone(), Arc::clone(&shutdown));
-        let identity = onceflow::engine::Identity {
+        let identity = onceflow::instance::Identity {
             bootstrap_servers: bootstrap(),
             instance_id: "i0".into(),
         };
-        std::thread::spawn(move || onceflow::engine::run(&topology, &identity, &options, &shutdown))
+        std::thread::spawn(move || onceflow::job::run(&topology, &identity, &options, &shutdown))
     };
     let seen = wait_for_distinct_while(
         topic,
