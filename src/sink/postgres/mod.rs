@@ -23,9 +23,9 @@ use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, Statement};
 
 pub use batch::RecordError;
+use batch::{Mapping, Staged};
 use connect::AbortOnDrop;
 pub(crate) use connect::{client_config, ensure_origins, ensure_tables, open};
-use batch::{Mapping, Staged};
 pub use error::PostgresError;
 
 use super::{SinkError, SinkErrorKind};
