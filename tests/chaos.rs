@@ -63,8 +63,6 @@ const POSTGRES_DOWN: Duration = Duration::from_secs(5);
 /// How long a replacement must outlive the zombie's wake-up.
 const SURVIVAL: Duration = Duration::from_secs(15);
 
-const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     InstanceKill,
@@ -164,40 +162,17 @@ impl Config {
 
 // --- the database ----------------------------------------------------------------------------
 
-struct Db {
-    rt: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
+/// Every `(id, n)` row of `table`.
+fn rows(db: &Db, table: &str) -> Result<Vec<(i64, i64)>, String> {
+    let sql = format!("SELECT id, n FROM {table}");
+    db.try_query(&sql)
+        .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        .map_err(|e| format!("{sql}: {e}"))
 }
 
-impl Db {
-    fn connect(url: &str) -> Result<Db, String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        let (client, connection) = rt
-            .block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))
-            .map_err(|e| format!("connect to {url}: {e}"))?;
-        rt.spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Db { rt, client })
-    }
-
-    fn exec(&self, sql: &str) -> Result<(), String> {
-        self.rt
-            .block_on(self.client.batch_execute(sql))
-            .map_err(|e| format!("{sql}: {e}"))
-    }
-
-    /// Every `(id, n)` row of `table`.
-    fn rows(&self, table: &str) -> Result<Vec<(i64, i64)>, String> {
-        let sql = format!("SELECT id, n FROM {table}");
-        self.rt
-            .block_on(self.client.query(&sql, &[]))
-            .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-            .map_err(|e| format!("{sql}: {e}"))
-    }
+/// A connection to `url`.
+fn connect(url: &str) -> Result<Db, String> {
+    Db::open(url).map_err(|e| format!("connect to {url}: {e}"))
 }
 
 // --- one fault -------------------------------------------------------------------------------
@@ -740,11 +715,12 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     create_replicated_topics(&[&input, &output], PARTITIONS, 3, &replicated);
     create_replicated_topics(&[&dlq], DLQ_PARTITIONS, 3, &replicated);
     let table = name.replace('-', "_");
-    Db::connect(&cfg.pg_url)
+    connect(&cfg.pg_url)
         .and_then(|db| {
-            db.exec(&format!(
+            let sql = format!(
                 "CREATE TABLE {table} (id bigint PRIMARY KEY, sent_us bigint NOT NULL, n bigint NOT NULL)"
-            ))
+            );
+            db.try_exec(&sql).map_err(|e| format!("{sql}: {e}"))
         })
         .expect("the round's table");
     let yaml = topology_text(&name, &input, &output, &dlq, &table);
@@ -954,7 +930,7 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         }
         Err(e) => problems.push(format!("dead-letter topic: {e}")),
     }
-    match Db::connect(&cfg.pg_url).and_then(|db| db.rows(&table)) {
+    match connect(&cfg.pg_url).and_then(|db| rows(&db, &table)) {
         Ok(rows) => {
             // A row's counter is the number of records applied to it.
             let found: BTreeMap<u64, u32> = rows

@@ -11,55 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{KillOnDrop, bootstrap, create_topics, read_records, signal, unique, wait_exit};
-
-const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
-
-/// One test at a time: the outage test stops the server every test here uses.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn pg_url() -> String {
-    std::env::var(PG_URL_ENV).expect(
-        "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
-    )
-}
-
-struct Db {
-    rt: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Db {
-    fn connect() -> Db {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (client, connection) = rt
-            .block_on(tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls))
-            .expect("connect to the test database");
-        rt.spawn(async move {
-            let _ = connection.await;
-        });
-        Db { rt, client }
-    }
-
-    fn exec(&self, sql: &str) {
-        self.rt
-            .block_on(self.client.batch_execute(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
-    }
-
-    fn count(&self, sql: &str) -> i64 {
-        self.rt
-            .block_on(self.client.query_one(sql, &[]))
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-            .get(0)
-    }
-}
+use common::{
+    Db, KillOnDrop, PG_URL_ENV, bootstrap, create_topics, pg_url, read_records, serial, signal,
+    unique, wait_exit,
+};
 
 /// The names of one test's tables, channel and topics.
 struct Names {

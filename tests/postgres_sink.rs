@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -26,65 +26,6 @@ use rand::seq::SliceRandom;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde_json::{Value, json};
-
-const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
-
-/// The server started by `scripts/test` (`scripts/postgres start`).
-fn pg_url() -> String {
-    std::env::var(PG_URL_ENV).expect(
-        "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
-    )
-}
-
-/// One test at a time: the restart test stops the server every test here uses.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A test's own connection to the database.
-struct Db {
-    rt: tokio::runtime::Runtime,
-    client: tokio_postgres::Client,
-}
-
-impl Db {
-    fn connect() -> Db {
-        Self::try_connect().expect("connect to the test database")
-    }
-
-    fn try_connect() -> Result<Db, tokio_postgres::Error> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (client, connection) =
-            rt.block_on(tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls))?;
-        rt.spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(Db { rt, client })
-    }
-
-    fn exec(&self, sql: &str) {
-        self.rt
-            .block_on(self.client.batch_execute(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
-    }
-
-    fn try_query(&self, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        self.rt.block_on(self.client.query(sql, &[]))
-    }
-
-    fn query(&self, sql: &str) -> Vec<tokio_postgres::Row> {
-        self.try_query(sql)
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-    }
-
-    fn count(&self, sql: &str) -> i64 {
-        self.query(sql)[0].get(0)
-    }
-}
 
 /// A table name no other test uses.
 fn table_name(prefix: &str) -> String {

@@ -586,3 +586,80 @@ pub fn metric(body: &str, name: &str, having: &[&str]) -> Option<f64> {
     }
     found
 }
+
+/// The variable naming the PostgreSQL server of `scripts/postgres`.
+pub const PG_URL_ENV: &str = "ONCEFLOW_TEST_PG_URL";
+
+/// The server started by `scripts/test` (`scripts/postgres start`).
+pub fn pg_url() -> String {
+    std::env::var(PG_URL_ENV).expect(
+        "ONCEFLOW_TEST_PG_URL is not set: these tests need the PostgreSQL server of scripts/postgres; run them with scripts/test",
+    )
+}
+
+/// One test at a time: a test that stops the server stops it for every test of the file.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A test's own connection to the database.
+pub struct Db {
+    /// The runtime the connection's task runs on.
+    pub rt: tokio::runtime::Runtime,
+    /// The client, for what the helpers below do not cover.
+    pub client: tokio_postgres::Client,
+}
+
+impl Db {
+    /// A connection to [`pg_url`]; panics when there is none.
+    pub fn connect() -> Db {
+        Self::try_connect().expect("connect to the test database")
+    }
+
+    /// A connection to [`pg_url`].
+    pub fn try_connect() -> Result<Db, tokio_postgres::Error> {
+        Self::open(&pg_url())
+    }
+
+    /// A connection to `url`, its task spawned on the connection's own runtime.
+    pub fn open(url: &str) -> Result<Db, tokio_postgres::Error> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (client, connection) =
+            rt.block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))?;
+        rt.spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Db { rt, client })
+    }
+
+    /// Runs `sql`; panics on an error.
+    pub fn exec(&self, sql: &str) {
+        self.try_exec(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+
+    /// Runs `sql`.
+    pub fn try_exec(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.rt.block_on(self.client.batch_execute(sql))
+    }
+
+    /// The rows of `sql`.
+    pub fn try_query(&self, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        self.rt.block_on(self.client.query(sql, &[]))
+    }
+
+    /// The rows of `sql`; panics on an error.
+    pub fn query(&self, sql: &str) -> Vec<tokio_postgres::Row> {
+        self.try_query(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    }
+
+    /// The first column of the first row of `sql`, a count.
+    pub fn count(&self, sql: &str) -> i64 {
+        self.query(sql)[0].get(0)
+    }
+}
