@@ -38,7 +38,7 @@ use crate::txn::{
 };
 use outcome::{Outcome, Policy};
 
-pub use crate::source::kafka::MESSAGE_ID_HEADER;
+pub use crate::topology::MESSAGE_ID_HEADER;
 
 /// How many records the loop handles between two servings of the producer's delivery reports
 /// (and at every idle poll).

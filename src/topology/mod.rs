@@ -46,6 +46,10 @@ pub const PROTECTED_CLIENT_SETTINGS: &[&str] = &[
     "bootstrap.servers",
 ];
 
+/// The header whose value names a message across systems, when producers set it: the event
+/// id of a consumed record unless its input names another (`id_header`).
+pub const MESSAGE_ID_HEADER: &str = "message-id";
+
 /// One stream job: inputs, an ordered pipeline of processors, and outputs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,7 +124,7 @@ impl Input {
     /// outbox.
     pub fn source_name(&self) -> String {
         match &self.postgres_outbox {
-            Some(o) => crate::source::outbox::origin_topic(&o.table),
+            Some(o) => outbox::origin_topic(&o.table),
             None => self.topic.clone(),
         }
     }
@@ -260,7 +264,7 @@ fn default_lineage() -> bool {
 
 /// The header naming a consumed record's event id, unless an input says otherwise.
 fn default_id_header() -> String {
-    crate::source::kafka::MESSAGE_ID_HEADER.to_string()
+    MESSAGE_ID_HEADER.to_string()
 }
 
 /// Where an output writes, as code reads it: the file's `topic`, `postgres` and `http`
