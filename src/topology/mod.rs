@@ -27,7 +27,6 @@ pub mod avro;
 pub mod http;
 pub mod outbox;
 pub mod postgres;
-pub mod url_template;
 pub use avro::{AvroInput, AvroOutput, SchemaRegistry, SchemaSource, SubjectStrategy};
 pub use http::HttpOutput;
 pub use outbox::OutboxInput;
