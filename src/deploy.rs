@@ -158,27 +158,9 @@ pub fn render(
         }
         m
     };
-    let grace = crate::supervise::stop_grace(topology).as_secs() + 15;
-    let mut data = serde_json::Map::new();
-    data.insert(file_name.to_string(), json!(text));
-    let mut items = vec![json!({ "key": file_name, "path": file_name })];
-    for (path, content) in files {
-        data.insert(key_of(path), json!(content));
-        items.push(json!({ "key": key_of(path), "path": path }));
-    }
-    let secret = format!("{name}-env");
-    let mut env = vec![
-        json!({ "name": "ONCEFLOW_INSTANCE_ID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
-        json!({ "name": "ONCEFLOW_BOOTSTRAP_SERVERS", "value": options.bootstrap_servers }),
-        json!({ "name": "ONCEFLOW_METRICS_ADDR", "value": format!("0.0.0.0:{METRICS_PORT}") }),
-        json!({ "name": "ONCEFLOW_LOG_JSON", "value": "true" }),
-    ];
-    for (var, optional) in variables(topology, text) {
-        env.push(json!({
-            "name": var,
-            "valueFrom": { "secretKeyRef": { "name": secret, "key": var, "optional": optional } },
-        }));
-    }
+    let (data, items) = config_files(file_name, text, files);
+    let env = pod_env(topology, text, &name, options);
+    let pod = pod_spec(topology, &name, file_name, env, items, options);
     let selector = json!({ "matchLabels": labels });
     let config_map = json!({
         "apiVersion": "v1",
@@ -205,41 +187,7 @@ pub fn render(
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "terminationGracePeriodSeconds": grace,
-                    "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001 },
-                    "containers": [{
-                        "name": "onceflow",
-                        "image": options.image,
-                        "args": ["run", format!("{CONFIG_DIR}/{file_name}")],
-                        "env": env,
-                        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT }],
-                        "livenessProbe": {
-                            "httpGet": { "path": "/healthz", "port": "metrics" },
-                            "periodSeconds": 10,
-                            "failureThreshold": 3,
-                        },
-                        "readinessProbe": {
-                            "httpGet": { "path": "/readyz", "port": "metrics" },
-                            "periodSeconds": 5,
-                            "failureThreshold": 3,
-                        },
-                        "resources": {
-                            "requests": { "cpu": CPU_REQUEST, "memory": MEMORY_REQUEST },
-                            "limits": { "memory": MEMORY_LIMIT },
-                        },
-                        "securityContext": {
-                            "allowPrivilegeEscalation": false,
-                            "readOnlyRootFilesystem": true,
-                            "capabilities": { "drop": ["ALL"] },
-                        },
-                        "volumeMounts": [{ "name": "job", "mountPath": CONFIG_DIR, "readOnly": true }],
-                    }],
-                    "volumes": [{
-                        "name": "job",
-                        "configMap": { "name": format!("{name}-topology"), "items": items },
-                    }],
-                },
+                "spec": pod,
             },
         },
     });
@@ -269,6 +217,90 @@ pub fn render(
         "spec": { "maxUnavailable": 1, "selector": selector },
     });
     Ok(vec![config_map, stateful_set, headless, metrics, budget])
+}
+
+/// The ConfigMap's data (the topology file and the schema files it names, each under its
+/// key) and the items that mount them at their paths.
+fn config_files(
+    file_name: &str,
+    text: &str,
+    files: &[(String, String)],
+) -> (serde_json::Map<String, Json>, Vec<Json>) {
+    let mut data = serde_json::Map::new();
+    data.insert(file_name.to_string(), json!(text));
+    let mut items = vec![json!({ "key": file_name, "path": file_name })];
+    for (path, content) in files {
+        data.insert(key_of(path), json!(content));
+        items.push(json!({ "key": key_of(path), "path": path }));
+    }
+    (data, items)
+}
+
+/// The environment of the pods: onceflow's own variables, then every variable the topology
+/// needs, from the Secret `<name>-env`.
+fn pod_env(topology: &Topology, text: &str, name: &str, options: &RenderOptions) -> Vec<Json> {
+    let secret = format!("{name}-env");
+    let mut env = vec![
+        json!({ "name": "ONCEFLOW_INSTANCE_ID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } }),
+        json!({ "name": "ONCEFLOW_BOOTSTRAP_SERVERS", "value": options.bootstrap_servers }),
+        json!({ "name": "ONCEFLOW_METRICS_ADDR", "value": format!("0.0.0.0:{METRICS_PORT}") }),
+        json!({ "name": "ONCEFLOW_LOG_JSON", "value": "true" }),
+    ];
+    for (var, optional) in variables(topology, text) {
+        env.push(json!({
+            "name": var,
+            "valueFrom": { "secretKeyRef": { "name": secret, "key": var, "optional": optional } },
+        }));
+    }
+    env
+}
+
+/// The pod of the StatefulSet: one onceflow container running `file_name` from the
+/// ConfigMap `<name>-topology` (mounted with `items`), with `env`.
+fn pod_spec(
+    topology: &Topology,
+    name: &str,
+    file_name: &str,
+    env: Vec<Json>,
+    items: Vec<Json>,
+    options: &RenderOptions,
+) -> Json {
+    let grace = crate::supervise::stop_grace(topology).as_secs() + 15;
+    json!({
+        "terminationGracePeriodSeconds": grace,
+        "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001 },
+        "containers": [{
+            "name": "onceflow",
+            "image": options.image,
+            "args": ["run", format!("{CONFIG_DIR}/{file_name}")],
+            "env": env,
+            "ports": [{ "name": "metrics", "containerPort": METRICS_PORT }],
+            "livenessProbe": {
+                "httpGet": { "path": "/healthz", "port": "metrics" },
+                "periodSeconds": 10,
+                "failureThreshold": 3,
+            },
+            "readinessProbe": {
+                "httpGet": { "path": "/readyz", "port": "metrics" },
+                "periodSeconds": 5,
+                "failureThreshold": 3,
+            },
+            "resources": {
+                "requests": { "cpu": CPU_REQUEST, "memory": MEMORY_REQUEST },
+                "limits": { "memory": MEMORY_LIMIT },
+            },
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": { "drop": ["ALL"] },
+            },
+            "volumeMounts": [{ "name": "job", "mountPath": CONFIG_DIR, "readOnly": true }],
+        }],
+        "volumes": [{
+            "name": "job",
+            "configMap": { "name": format!("{name}-topology"), "items": items },
+        }],
+    })
 }
 
 /// The documents as one YAML stream, with a header saying how they were made.

@@ -33,8 +33,10 @@
 //!   output and dead-letter record came from; [`reconcile`]: `onceflow reconcile`, which
 //!   reads them back and proves that what was consumed and what was written agree.
 //! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
-//! * [`validate`] and [`testing`]: `onceflow validate` (every problem of a file, and what
-//!   only a broker can answer) and `onceflow test` (a pipeline over a cases file, no broker).
+//! * [`load`]: the one loader every command calls (environment, parsing, checks, the
+//!   compiled pipeline; every problem of a file at once). [`validate`] and [`testing`]: what
+//!   only a broker or a registry can answer for `onceflow validate`, and `onceflow test` (a
+//!   pipeline over a cases file, no broker).
 //! * [`cli`] (one file per command), [`supervise`] (signals, the grace period of a stop, the
 //!   watchdog of hung calls), [`failpoints`] (every test failpoint), [`retry`] (the one
 //!   backoff), [`histogram`] (HdrHistogram of durations, 3 significant digits).
@@ -61,6 +63,7 @@ pub mod instance;
 pub mod job;
 pub mod kafka;
 pub mod lineage;
+pub mod load;
 pub mod reconcile;
 pub mod record;
 pub mod relay;

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use onceflow::load;
 use onceflow::testing;
 use onceflow::topology::env::Strictness;
-use onceflow::validate;
 
 fn examples() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies");
@@ -44,7 +44,7 @@ fn every_example_validates_and_passes_its_cases() {
     let mut failures = Vec::new();
     for file in examples() {
         // Strict, with an empty environment: every variable of an example has a default.
-        let checked = validate::check_text(
+        let checked = load::load_text(
             &std::fs::read_to_string(&file).expect("read"),
             &file.display().to_string(),
             &|_| None,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::*;
 use onceflow::engine::{self, EngineError};
 use onceflow::instance::{Identity, RunOptions, Summary};
+use onceflow::load;
 use onceflow::topology::Topology;
 use onceflow::topology::env::Strictness;
 use onceflow::validate;
@@ -30,7 +31,7 @@ fn load(file: &str, vars: &[(&str, &str)]) -> Topology {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let (mut topology, _) =
-        validate::check_text(&text, file, &|n| vars.get(n).cloned(), Strictness::Strict)
+        load::load_text(&text, file, &|n| vars.get(n).cloned(), Strictness::Strict)
             .into_result()
             .unwrap_or_else(|d| panic!("{d:#?}"));
     topology.group_id = Some(unique("group"));
@@ -334,7 +335,7 @@ fn validate_with_a_broker_checks_topics_and_the_transaction_timeout_ceiling() {
     let text = format!(
         "name: v\ninputs: [{{topic: {input}}}]\noutputs: [{{topic: {missing}}}]\nruntime:\n  commit_interval_ms: 100\n  transaction_timeout_ms: 1000000\n"
     );
-    let checked = validate::check_text(&text, "v.yaml", &|_| None, Strictness::Strict);
+    let checked = load::load_text(&text, "v.yaml", &|_| None, Strictness::Strict);
     assert!(checked.diagnostics.is_empty(), "{:?}", checked.diagnostics);
     let topology = checked.topology.as_ref().expect("topology");
     let found: Vec<String> = validate::check_broker(

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use crate::deploy::{self, RenderOptions};
+use crate::load;
 use crate::topology::env::Strictness;
-use crate::validate;
 
 #[derive(Subcommand)]
 pub enum DeployCommand {
@@ -44,7 +44,7 @@ pub fn run(command: DeployCommand) -> anyhow::Result<bool> {
         out,
     } = command;
     // Variables are the pods' business: unset ones here expand to their defaults.
-    let checked = validate::check_file(&path, Strictness::Lenient);
+    let checked = load::load(&path, Strictness::Lenient);
     let Some(topology) = checked.topology.filter(|_| checked.diagnostics.is_empty()) else {
         for d in &checked.diagnostics {
             eprintln!("{d}");

@@ -15,9 +15,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::load::Diagnostic;
 use crate::topology::Topology;
 use crate::topology::env::Strictness;
-use crate::validate::Diagnostic;
 
 #[derive(Parser)]
 #[command(
@@ -113,7 +113,7 @@ fn chain(e: &anyhow::Error) -> String {
 /// Loads a topology for running: the environment must provide every variable, and every
 /// problem of the file is reported at once.
 fn load(path: &Path) -> anyhow::Result<(Topology, crate::transform::Pipeline)> {
-    crate::validate::check_file(path, Strictness::Strict)
+    crate::load::load(path, Strictness::Strict)
         .into_result()
         .map_err(|diagnostics| problems(path, &diagnostics))
 }

@@ -66,7 +66,7 @@ fn scope(args: &DoctorArgs) -> anyhow::Result<Scope> {
     let mut topology = None;
     if let Some(path) = &args.topology {
         // Only names are needed: the file's variables may be unset where the doctor runs.
-        let (t, _) = crate::validate::check_file(path, Strictness::Lenient)
+        let (t, _) = crate::load::load(path, Strictness::Lenient)
             .into_result()
             .map_err(|diagnostics| super::problems(path, &diagnostics))?;
         topics.extend(t.input_topics().into_iter().map(str::to_string));

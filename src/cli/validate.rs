@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::load;
 use crate::topology::env::Strictness;
 use crate::validate;
 
@@ -33,7 +34,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
     };
     let mut clean = true;
     for file in &args.files {
-        let checked = validate::check_file(file, strictness);
+        let checked = load::load(file, strictness);
         let mut diagnostics = checked.diagnostics;
         if let (Some(bootstrap), Some(topology)) = (&args.broker, &checked.topology) {
             diagnostics.extend(validate::check_broker(

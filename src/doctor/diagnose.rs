@@ -147,6 +147,58 @@ fn name(partition: &Partition) -> String {
 /// Which transactions are open, which hang (open longer than `older_than_ms`), what each
 /// partition examined holds back, and the cure of each hanging one.
 pub fn diagnose(snapshot: &Snapshot, older_than_ms: i64) -> Diagnosis {
+    let transactions = open_transactions(snapshot, older_than_ms);
+    let mut cures: Vec<Cure> = transactions
+        .iter()
+        .filter(|t| t.hanging)
+        .map(|t| Cure::Fence {
+            transactional_id: t.transactional_id.clone(),
+            coordinator: t.coordinator,
+            timeout_ms: t.timeout_ms,
+        })
+        .collect();
+    let mut partitions = Vec::new();
+    for (partition, producers) in &snapshot.producers {
+        let high_watermark = snapshot
+            .high_watermarks
+            .get(partition)
+            .copied()
+            .unwrap_or(-1);
+        let last_stable_offset = snapshot
+            .last_stable
+            .get(partition)
+            .copied()
+            .unwrap_or(high_watermark);
+        let mut holders = Vec::new();
+        for p in producers.iter().filter(|p| p.txn_start_offset >= 0) {
+            let holder = holder(snapshot, partition, p, older_than_ms);
+            if holder.hanging && holder.orphaned {
+                cure_orphan(snapshot, partition, p, &mut cures);
+            }
+            holders.push(holder);
+        }
+        partitions.push(PartitionState {
+            topic: partition.0.clone(),
+            partition: partition.1,
+            high_watermark,
+            last_stable_offset,
+            gap: (high_watermark - last_stable_offset).max(0),
+            holders,
+        });
+    }
+    let healthy = cures.is_empty();
+    Diagnosis {
+        older_than_ms,
+        transactions,
+        partitions,
+        cures,
+        healthy,
+    }
+}
+
+/// The transactions open at their coordinators, the oldest first; those open longer than
+/// `older_than_ms` hang.
+fn open_transactions(snapshot: &Snapshot, older_than_ms: i64) -> Vec<OpenTransaction> {
     let now = snapshot.now_ms;
     let mut transactions: Vec<OpenTransaction> = snapshot
         .transactions
@@ -186,112 +238,93 @@ pub fn diagnose(snapshot: &Snapshot, older_than_ms: i64) -> Diagnosis {
         })
         .collect();
     transactions.sort_by_key(|t| std::cmp::Reverse(t.age_ms));
+    transactions
+}
 
-    // Which open coordinator transaction covers a producer on a partition.
-    let covering = |producer_id: i64, partition: &Partition| {
-        snapshot.transactions.iter().find(|t| {
-            is_open(&t.state) && t.producer_id == producer_id && t.partitions.contains(partition)
-        })
-    };
-    let mut cures: Vec<Cure> = transactions
+/// Which open coordinator transaction covers a producer on a partition.
+fn covering<'a>(
+    snapshot: &'a Snapshot,
+    producer_id: i64,
+    partition: &Partition,
+) -> Option<&'a CoordinatorTransaction> {
+    snapshot.transactions.iter().find(|t| {
+        is_open(&t.state) && t.producer_id == producer_id && t.partitions.contains(partition)
+    })
+}
+
+/// Producer `p`, with an open transaction on `partition`: covered by its coordinator's open
+/// transaction, or orphaned.
+fn holder(
+    snapshot: &Snapshot,
+    partition: &Partition,
+    p: &ActiveProducer,
+    older_than_ms: i64,
+) -> Holder {
+    let now = snapshot.now_ms;
+    match covering(snapshot, p.producer_id, partition) {
+        Some(t) => {
+            let age_ms = if t.start_time_ms >= 0 {
+                (now - t.start_time_ms).max(0)
+            } else {
+                0
+            };
+            Holder {
+                producer_id: p.producer_id,
+                producer_epoch: p.producer_epoch,
+                transactional_id: Some(t.transactional_id.clone()),
+                txn_start_offset: p.txn_start_offset,
+                age_ms,
+                orphaned: false,
+                hanging: age_ms > older_than_ms,
+                coordinator_epoch: p.coordinator_epoch,
+            }
+        }
+        None => {
+            let age_ms = (now - p.last_timestamp).max(0);
+            Holder {
+                producer_id: p.producer_id,
+                producer_epoch: p.producer_epoch,
+                transactional_id: None,
+                txn_start_offset: p.txn_start_offset,
+                age_ms,
+                orphaned: true,
+                hanging: age_ms > older_than_ms,
+                coordinator_epoch: p.coordinator_epoch,
+            }
+        }
+    }
+}
+
+/// The cures of the hanging orphan `p` on `partition`, added to `cures`: abort markers, and
+/// a fence at a coordinator that still knows its producer.
+fn cure_orphan(
+    snapshot: &Snapshot,
+    partition: &Partition,
+    p: &ActiveProducer,
+    cures: &mut Vec<Cure>,
+) {
+    cures.push(Cure::AbortMarkers {
+        topic: partition.0.clone(),
+        partition: partition.1,
+        producer_id: p.producer_id,
+        producer_epoch: p.producer_epoch,
+        coordinator_epoch: p.coordinator_epoch,
+    });
+    // A coordinator that still knows the id under this producer (in another state, or with
+    // other partitions) is told as well, so its own record of the transaction ends too.
+    if let Some(t) = snapshot
+        .transactions
         .iter()
-        .filter(|t| t.hanging)
-        .map(|t| Cure::Fence {
+        .find(|t| t.producer_id == p.producer_id && is_open(&t.state))
+    {
+        let fence = Cure::Fence {
             transactional_id: t.transactional_id.clone(),
             coordinator: t.coordinator,
             timeout_ms: t.timeout_ms,
-        })
-        .collect();
-    let mut partitions = Vec::new();
-    for (partition, producers) in &snapshot.producers {
-        let high_watermark = snapshot
-            .high_watermarks
-            .get(partition)
-            .copied()
-            .unwrap_or(-1);
-        let last_stable_offset = snapshot
-            .last_stable
-            .get(partition)
-            .copied()
-            .unwrap_or(high_watermark);
-        let mut holders = Vec::new();
-        for p in producers.iter().filter(|p| p.txn_start_offset >= 0) {
-            let holder = match covering(p.producer_id, partition) {
-                Some(t) => {
-                    let age_ms = if t.start_time_ms >= 0 {
-                        (now - t.start_time_ms).max(0)
-                    } else {
-                        0
-                    };
-                    Holder {
-                        producer_id: p.producer_id,
-                        producer_epoch: p.producer_epoch,
-                        transactional_id: Some(t.transactional_id.clone()),
-                        txn_start_offset: p.txn_start_offset,
-                        age_ms,
-                        orphaned: false,
-                        hanging: age_ms > older_than_ms,
-                        coordinator_epoch: p.coordinator_epoch,
-                    }
-                }
-                None => {
-                    let age_ms = (now - p.last_timestamp).max(0);
-                    Holder {
-                        producer_id: p.producer_id,
-                        producer_epoch: p.producer_epoch,
-                        transactional_id: None,
-                        txn_start_offset: p.txn_start_offset,
-                        age_ms,
-                        orphaned: true,
-                        hanging: age_ms > older_than_ms,
-                        coordinator_epoch: p.coordinator_epoch,
-                    }
-                }
-            };
-            if holder.hanging && holder.orphaned {
-                cures.push(Cure::AbortMarkers {
-                    topic: partition.0.clone(),
-                    partition: partition.1,
-                    producer_id: p.producer_id,
-                    producer_epoch: p.producer_epoch,
-                    coordinator_epoch: p.coordinator_epoch,
-                });
-                // A coordinator that still knows the id under this producer (in another
-                // state, or with other partitions) is told as well, so its own record of the
-                // transaction ends too.
-                if let Some(t) = snapshot
-                    .transactions
-                    .iter()
-                    .find(|t| t.producer_id == p.producer_id && is_open(&t.state))
-                {
-                    let fence = Cure::Fence {
-                        transactional_id: t.transactional_id.clone(),
-                        coordinator: t.coordinator,
-                        timeout_ms: t.timeout_ms,
-                    };
-                    if !cures.contains(&fence) {
-                        cures.push(fence);
-                    }
-                }
-            }
-            holders.push(holder);
+        };
+        if !cures.contains(&fence) {
+            cures.push(fence);
         }
-        partitions.push(PartitionState {
-            topic: partition.0.clone(),
-            partition: partition.1,
-            high_watermark,
-            last_stable_offset,
-            gap: (high_watermark - last_stable_offset).max(0),
-            holders,
-        });
-    }
-    let healthy = cures.is_empty();
-    Diagnosis {
-        older_than_ms,
-        transactions,
-        partitions,
-        cures,
-        healthy,
     }
 }
 

@@ -179,6 +179,21 @@ fn describe(c: &Cure) -> String {
 /// with `all`), then the cures.
 pub fn render(d: &Diagnosis, all: bool) -> String {
     let mut out = String::new();
+    render_transactions(&mut out, d);
+    render_partitions(&mut out, d, all);
+    if d.healthy {
+        let _ = writeln!(out, "healthy: no transaction hangs");
+    } else {
+        let _ = writeln!(out, "NOT HEALTHY: {} cure(s):", d.cures.len());
+        for c in &d.cures {
+            let _ = writeln!(out, "  - {}", describe(c));
+        }
+    }
+    out
+}
+
+/// The table of open transactions.
+fn render_transactions(out: &mut String, d: &Diagnosis) {
     let _ = writeln!(
         out,
         "open transactions: {} (hanging: open longer than {})",
@@ -219,6 +234,10 @@ pub fn render(d: &Diagnosis, all: bool) -> String {
             );
         }
     }
+}
+
+/// The table of the partitions held back (all of them with `all`).
+fn render_partitions(out: &mut String, d: &Diagnosis, all: bool) {
     let shown: Vec<_> = d
         .partitions
         .iter()
@@ -271,15 +290,6 @@ pub fn render(d: &Diagnosis, all: bool) -> String {
             );
         }
     }
-    if d.healthy {
-        let _ = writeln!(out, "healthy: no transaction hangs");
-    } else {
-        let _ = writeln!(out, "NOT HEALTHY: {} cure(s):", d.cures.len());
-        for c in &d.cures {
-            let _ = writeln!(out, "  - {}", describe(c));
-        }
-    }
-    out
 }
 
 /// What each treatment did, one line each.

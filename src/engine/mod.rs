@@ -36,7 +36,7 @@ use crate::transform::Pipeline;
 use crate::txn::{AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings};
 use outcome::{Outcome, Policy};
 
-pub use crate::source::kafka::MESSAGE_ID_HEADER;
+pub use crate::topology::MESSAGE_ID_HEADER;
 
 /// How many records the loop handles between two servings of the producer's delivery reports
 /// (and at every idle poll).

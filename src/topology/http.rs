@@ -1,6 +1,7 @@
 //! The `http` output of a topology: one HTTP call per record, made before the Kafka commit,
 //! each with an idempotency key that is the same on every redelivery. The semantics live in
-//! [`crate::sink::http`]; this is the model of the YAML section and its validation.
+//! [`crate::sink::http`]; this is the model of the YAML section and its validation, with the
+//! parsed form of its URL template ([`UrlTemplate`]), which the sink renders per record.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +17,7 @@ pub use super::postgres::EventId;
 pub struct HttpOutput {
     /// The endpoint, `http://` or `https://`. A template over the record: `{key}` is the
     /// Kafka key (UTF-8) and `{a.b}` the scalar at that field path of the JSON value, each
-    /// percent-encoded; see [`crate::sink::http::template`].
+    /// percent-encoded; see [`UrlTemplate`].
     pub url: String,
     /// `POST` (default), `PUT`, `PATCH` or `DELETE`. The body is the record's encoded value.
     #[serde(default = "default_method")]
@@ -102,7 +103,7 @@ impl HttpOutput {
                 message,
             })
         };
-        if let Err(message) = super::url_template::UrlTemplate::parse(&self.url) {
+        if let Err(message) = UrlTemplate::parse(&self.url) {
             issue("url", message);
         }
         if !METHODS.contains(&self.method.as_str()) {
@@ -168,6 +169,98 @@ impl HttpOutput {
                 );
             }
         }
+    }
+}
+
+/// A parsed URL template: the text of an http output's `url` and its placeholders, in order.
+/// Parsing is all the model does with it; the sink renders it for each record
+/// ([`crate::sink::http::url_template`]).
+///
+/// The rule of the template: `{key}` is replaced by the record's Kafka key (UTF-8), and
+/// `{a.b}` by the value at field path `a.b` of the record's JSON value, which must be a
+/// string, a number or a boolean (a string as is, the others as JSON writes them). Each
+/// replacement is percent-encoded as one path segment (`/`, `?`, `#`, `%` and other reserved
+/// characters are escaped), so a value can never change the URL's shape. A record that lacks
+/// a value the template needs is refused (the record's fault). Braces are not otherwise
+/// allowed in the template; the template with every placeholder replaced by `x` must be an
+/// `http` or `https` URL with a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlTemplate {
+    parts: Vec<TemplatePart>,
+}
+
+/// One part of a [`UrlTemplate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplatePart {
+    /// Text kept as it is.
+    Text(String),
+    /// `{key}`: the record's Kafka key.
+    Key,
+    /// `{a.b}`: the value at that field path of the record's JSON value.
+    Field(String),
+}
+
+impl UrlTemplate {
+    /// Parses a template, saying what is wrong with it.
+    pub fn parse(text: &str) -> Result<UrlTemplate, String> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(open) = rest.find(['{', '}']) {
+            if rest[open..].starts_with('}') {
+                return Err("a `}` without its `{`; braces only mark placeholders".into());
+            }
+            if open > 0 {
+                parts.push(TemplatePart::Text(rest[..open].to_string()));
+            }
+            let Some(close) = rest[open..].find('}') else {
+                return Err("a `{` without its `}`".into());
+            };
+            let name = &rest[open + 1..open + close];
+            if name == "key" {
+                parts.push(TemplatePart::Key);
+            } else if super::is_field_path(name) && !name.contains('{') {
+                parts.push(TemplatePart::Field(name.to_string()));
+            } else {
+                return Err(format!(
+                    "`{{{name}}}` is not a placeholder: use `{{key}}` or `{{field.path}}`"
+                ));
+            }
+            rest = &rest[open + close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(TemplatePart::Text(rest.to_string()));
+        }
+        let template = UrlTemplate { parts };
+        let sample = template.sample();
+        let url = reqwest::Url::parse(&sample).map_err(|e| format!("not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err("must be an http:// or https:// URL with a host".into());
+        }
+        Ok(template)
+    }
+
+    /// Whether the template reads the JSON value.
+    pub fn reads_fields(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, TemplatePart::Field(_)))
+    }
+
+    /// The parts of the template, in order.
+    pub fn parts(&self) -> &[TemplatePart] {
+        &self.parts
+    }
+
+    /// The template with every placeholder replaced by `x` (which percent-encoding keeps as
+    /// it is).
+    fn sample(&self) -> String {
+        self.parts
+            .iter()
+            .map(|part| match part {
+                TemplatePart::Text(t) => t.as_str(),
+                TemplatePart::Key | TemplatePart::Field(_) => "x",
+            })
+            .collect()
     }
 }
 
@@ -243,5 +336,19 @@ mod tests {
                 "outputs[0].http.dedup.postgres.inbox_retention_hours",
             ]
         );
+    }
+
+    #[test]
+    fn bad_templates_say_why() {
+        for bad in [
+            "http://h/{nope",
+            "http://h/}",
+            "http://h/{}",
+            "http://h/{a..b}",
+            "ftp://h/x",
+            "not a url",
+        ] {
+            assert!(UrlTemplate::parse(bad).is_err(), "{bad}");
+        }
     }
 }

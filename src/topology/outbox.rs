@@ -1,6 +1,7 @@
 //! The `postgres_outbox` input of a topology: a relay from a PostgreSQL outbox table to
 //! Kafka, exactly once. The semantics live in [`crate::source::outbox`] and
-//! [`crate::relay`]; this is the model of the YAML section and its validation.
+//! [`crate::relay`]; this is the model of the YAML section and its validation, and the
+//! origin "topic" its records carry ([`origin_topic`]).
 
 use serde::Deserialize;
 
@@ -221,6 +222,11 @@ impl OutboxInput {
         }
         issues
     }
+}
+
+/// The origin "topic" of the rows of `table`.
+pub fn origin_topic(table: &str) -> String {
+    format!("postgres:{table}")
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use super::url_template::TemplateError;
 use crate::record::ErrorKind;
 use crate::sink::SinkErrorKind;
-use crate::topology::url_template::TemplateError;
 
 /// How much of a refusing answer's body goes into the error.
 pub const BODY_EXCERPT: usize = 200;

@@ -21,6 +21,7 @@
 
 mod dedup;
 pub mod error;
+pub mod url_template;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +31,6 @@ use std::time::{Duration, Instant};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Client, Method};
 
-use crate::topology::url_template::{self as template, UrlTemplate};
 pub use error::HttpError;
 use error::{Verdict, classify, excerpt, status_class};
 
@@ -38,8 +38,9 @@ use super::SinkError;
 use crate::record::{Origin, Record};
 use crate::retry::{Backoff, Retries};
 use crate::telemetry;
-use crate::topology::http::{Dedup, EventId, HttpOutput};
+use crate::topology::http::{Dedup, EventId, HttpOutput, UrlTemplate};
 use dedup::{Delivered, Recorder};
+use url_template::{self as template, RecordUrl};
 
 /// Retries of one call: 50 ms, doubling, at most 2 s (a `Retry-After` may ask for longer).
 const BACKOFF: Backoff = crate::retry::SINK;

@@ -16,10 +16,8 @@ pub use context::SourceContext;
 
 use crate::record::{Origin, Record};
 use crate::telemetry;
+use crate::topology::MESSAGE_ID_HEADER;
 use crate::transform::Input;
-
-/// The header whose value names a message across systems, when producers set it.
-pub const MESSAGE_ID_HEADER: &str = "message-id";
 
 /// Where a consumed message came from.
 pub fn origin_of(msg: &impl Message) -> Origin {

@@ -329,15 +329,10 @@ impl Row {
 /// (or -1 for an id that is not a number).
 pub fn origin(table: &str, shard: u32, id: &str) -> Origin {
     Origin {
-        topic: origin_topic(table).into(),
+        topic: crate::topology::outbox::origin_topic(table).into(),
         partition: shard as i32,
         offset: id.parse().unwrap_or(-1),
     }
-}
-
-/// The origin "topic" of the rows of `table`.
-pub fn origin_topic(table: &str) -> String {
-    format!("postgres:{table}")
 }
 
 /// What one Kafka transaction of a shard published: the ids of its rows. Written in that
