@@ -54,7 +54,7 @@ impl Names {
     }
 }
 
-/// An outbox table in Debezium's layout (plus an insert time) with the trigger the README
+/// An outbox table in Debezium's layout (plus an insert time) with the trigger docs/outbox.md
 /// gives, and a business table of orders.
 fn create_tables(db: &Db, outbox: &str, orders: &str, channel: &str) {
     db.exec(&format!(

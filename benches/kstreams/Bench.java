@@ -1,4 +1,4 @@
-// The Kafka Streams peer of `onceflow bench`: the same pass-through map from one topic to
+// The Kafka Streams peer of `onceflow-bench`: the same pass-through map from one topic to
 // another, under exactly_once_v2, with the settings the bench passes so both sides match
 // (commit interval, stream threads, producer linger.ms and batch.size).
 //

@@ -48,7 +48,7 @@ pub const OUTBOX_OLDEST: &str = "onceflow_outbox_oldest_pending_seconds";
 pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
 pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 
-/// Every metric with its help text, for `/metrics` and the README.
+/// Every metric with its help text, for `/metrics` and the metric catalogue (docs/observability.md).
 pub const CATALOGUE: &[(&str, &str)] = &[
     (
         RECORDS_CONSUMED,

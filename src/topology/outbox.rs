@@ -27,7 +27,7 @@ pub struct OutboxInput {
     /// How often the table is looked at when nothing wakes the relay sooner.
     #[serde(default = "default_poll_interval_ms")]
     pub poll_interval_ms: u64,
-    /// A channel to `LISTEN` on: a `NOTIFY` on it (from the trigger the README gives) wakes
+    /// A channel to `LISTEN` on: a `NOTIFY` on it (from the trigger docs/outbox.md gives) wakes
     /// the relay at once. Without it, the relay polls.
     #[serde(default)]
     pub notify_channel: Option<String>,

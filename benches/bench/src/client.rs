@@ -10,7 +10,7 @@ use crate::kafka::{self, ProducerTuning};
 /// The line a ceiling client prints once it is ready to go.
 pub(crate) const CLIENT_READY: &str = "onceflow-bench: running";
 
-/// What a ceiling client child (`onceflow bench --client ...`) runs.
+/// What a ceiling client child (`onceflow-bench --client ...`) runs.
 #[derive(Debug, Clone)]
 pub enum Client {
     /// Write `records` records to `topic`, then wait to be stopped.

@@ -1,4 +1,4 @@
-//! `onceflow bench`: throughput against partition count, next to the broker's ceilings and
+//! `onceflow-bench`: throughput against partition count, next to the broker's ceilings and
 //! Kafka Streams, on one broker in one run, by a method meant to hold on a shared machine.
 //!
 //! For every partition count the bench first sizes the input from a short probe (a few

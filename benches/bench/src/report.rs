@@ -677,7 +677,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let caption = format!(
-        "onceflow bench: {} B records, median and range of {} rounds",
+        "onceflow-bench: {} B records, median and range of {} rounds",
         cfg.record_size, cfg.rounds
     );
     let last = (ps.len() - 1) as f64;
@@ -793,7 +793,7 @@ pub(super) mod tests {
             fill_page_cache: true,
             cell_timeout: std::time::Duration::from_secs(1),
             rounds: 3,
-            command: "onceflow bench".into(),
+            command: "onceflow-bench".into(),
             out_dir: "out".into(),
         }
     }

@@ -2,7 +2,7 @@
 //! bounds-checked: truncated, corrupt or hostile input is an error naming what is wrong and
 //! where, never a panic, and never an allocation larger than the input can justify.
 //!
-//! How each Avro type is seen (README, "Avro"): records and maps as objects, arrays as arrays,
+//! How each Avro type is seen (docs/avro.md, "What expressions see"): records and maps as objects, arrays as arrays,
 //! a union as the value of its branch (`null` for the null branch), an enum as its symbol,
 //! `int`/`long`/`float`/`double` as numbers (a float that is not finite as the text `NaN`,
 //! `Infinity`, `-Infinity`), `bytes`/`fixed` as base64 text, and logical types as text in
