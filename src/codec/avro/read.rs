@@ -232,44 +232,8 @@ impl Reader<'_, '_> {
                     }
                 }
             }
-            Node::Array(item) => {
-                let empty = zero_size(schema, *item);
-                let mut items = Vec::new();
-                loop {
-                    let n = self.block(items.len() as u64, empty)?;
-                    if n == 0 {
-                        break;
-                    }
-                    for _ in 0..n {
-                        let i = items.len();
-                        items.push(
-                            self.value(*item, depth + 1)
-                                .map_err(|e| e.inside(format!("[{i}]")))?,
-                        );
-                    }
-                }
-                Json::Array(items)
-            }
-            Node::Map(value) => {
-                let empty = false; // every entry has a key: at least one byte
-                let mut map = Map::new();
-                let mut count = 0u64;
-                loop {
-                    let n = self.block(count, empty)?;
-                    if n == 0 {
-                        break;
-                    }
-                    count += n;
-                    for _ in 0..n {
-                        let k = self.string()?;
-                        let v = self
-                            .value(*value, depth + 1)
-                            .map_err(|e| e.inside(k.clone()))?;
-                        map.insert(k, v);
-                    }
-                }
-                Json::Object(map)
-            }
+            Node::Array(item) => self.array(*item, depth)?,
+            Node::Map(value) => self.map(*value, depth)?,
             Node::Union { branches, .. } => {
                 let i = self.long()?;
                 match usize::try_from(i).ok().and_then(|i| branches.get(i)) {
@@ -279,6 +243,53 @@ impl Reader<'_, '_> {
                     }
                 }
             }
+            _ => self.logical(node)?,
+        })
+    }
+
+    fn array(&mut self, item: usize, depth: usize) -> Result<Json, ReadError> {
+        let empty = zero_size(self.schema, item);
+        let mut items = Vec::new();
+        loop {
+            let n = self.block(items.len() as u64, empty)?;
+            if n == 0 {
+                break;
+            }
+            for _ in 0..n {
+                let i = items.len();
+                items.push(
+                    self.value(item, depth + 1)
+                        .map_err(|e| e.inside(format!("[{i}]")))?,
+                );
+            }
+        }
+        Ok(Json::Array(items))
+    }
+
+    fn map(&mut self, value: usize, depth: usize) -> Result<Json, ReadError> {
+        let empty = false; // every entry has a key: at least one byte
+        let mut map = Map::new();
+        let mut count = 0u64;
+        loop {
+            let n = self.block(count, empty)?;
+            if n == 0 {
+                break;
+            }
+            count += n;
+            for _ in 0..n {
+                let k = self.string()?;
+                let v = self
+                    .value(value, depth + 1)
+                    .map_err(|e| e.inside(k.clone()))?;
+                map.insert(k, v);
+            }
+        }
+        Ok(Json::Object(map))
+    }
+
+    /// The logical types: decimals, uuids, dates, times of day, timestamps and durations.
+    fn logical(&mut self, node: usize) -> Result<Json, ReadError> {
+        Ok(match self.schema.node(node) {
             Node::Decimal {
                 scale, fixed: size, ..
             } => {
@@ -344,6 +355,8 @@ impl Reader<'_, '_> {
                 map.insert("millis".into(), Json::from(part(8)));
                 Json::Object(map)
             }
+            // The other nodes, read by `value`.
+            _ => return Err(self.fail("a node that is not of a logical type")),
         })
     }
 }

@@ -243,48 +243,6 @@ impl Compiler {
                     size: f.size,
                 }
             }
-            Schema::Decimal(d) => Node::Decimal {
-                precision: d.precision,
-                scale: d.scale,
-                fixed: match &d.inner {
-                    InnerDecimalSchema::Bytes => None,
-                    InnerDecimalSchema::Fixed(f) => Some(f.size),
-                },
-            },
-            Schema::BigDecimal => Node::BigDecimal,
-            Schema::Uuid(u) => Node::Uuid(match u {
-                UuidSchema::String => UuidRepr::String,
-                UuidSchema::Bytes => UuidRepr::Bytes,
-                UuidSchema::Fixed(_) => UuidRepr::Fixed,
-            }),
-            Schema::Date => Node::Date,
-            Schema::TimeMillis => Node::TimeMillis,
-            Schema::TimeMicros => Node::TimeMicros,
-            Schema::TimestampMillis => Node::Timestamp {
-                digits: 3,
-                local: false,
-            },
-            Schema::TimestampMicros => Node::Timestamp {
-                digits: 6,
-                local: false,
-            },
-            Schema::TimestampNanos => Node::Timestamp {
-                digits: 9,
-                local: false,
-            },
-            Schema::LocalTimestampMillis => Node::Timestamp {
-                digits: 3,
-                local: true,
-            },
-            Schema::LocalTimestampMicros => Node::Timestamp {
-                digits: 6,
-                local: true,
-            },
-            Schema::LocalTimestampNanos => Node::Timestamp {
-                digits: 9,
-                local: true,
-            },
-            Schema::Duration(_) => Node::Duration,
             Schema::Ref { name } => {
                 // The reference itself is not a node: drop the placeholder.
                 self.nodes.pop();
@@ -293,6 +251,8 @@ impl Compiler {
                     format!("the schema refers to `{full}`, which it does not define")
                 });
             }
+            other => logical(other)
+                .ok_or_else(|| format!("an Avro type this reader does not know: {other:?}"))?,
         };
         self.nodes[index] = node;
         Ok(index)
@@ -323,6 +283,56 @@ impl Compiler {
             (_, v) => v.clone(),
         }
     }
+}
+
+/// The node of a logical type (decimal, uuid, date, times, timestamps, duration); `None` for
+/// any other schema.
+fn logical(schema: &Schema) -> Option<Node> {
+    Some(match schema {
+        Schema::Decimal(d) => Node::Decimal {
+            precision: d.precision,
+            scale: d.scale,
+            fixed: match &d.inner {
+                InnerDecimalSchema::Bytes => None,
+                InnerDecimalSchema::Fixed(f) => Some(f.size),
+            },
+        },
+        Schema::BigDecimal => Node::BigDecimal,
+        Schema::Uuid(u) => Node::Uuid(match u {
+            UuidSchema::String => UuidRepr::String,
+            UuidSchema::Bytes => UuidRepr::Bytes,
+            UuidSchema::Fixed(_) => UuidRepr::Fixed,
+        }),
+        Schema::Date => Node::Date,
+        Schema::TimeMillis => Node::TimeMillis,
+        Schema::TimeMicros => Node::TimeMicros,
+        Schema::TimestampMillis => Node::Timestamp {
+            digits: 3,
+            local: false,
+        },
+        Schema::TimestampMicros => Node::Timestamp {
+            digits: 6,
+            local: false,
+        },
+        Schema::TimestampNanos => Node::Timestamp {
+            digits: 9,
+            local: false,
+        },
+        Schema::LocalTimestampMillis => Node::Timestamp {
+            digits: 3,
+            local: true,
+        },
+        Schema::LocalTimestampMicros => Node::Timestamp {
+            digits: 6,
+            local: true,
+        },
+        Schema::LocalTimestampNanos => Node::Timestamp {
+            digits: 9,
+            local: true,
+        },
+        Schema::Duration(_) => Node::Duration,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -194,6 +194,117 @@ impl Writer<'_> {
                 Json::String(s) => bytes(out, s.as_bytes()),
                 _ => return Err(bad()),
             },
+            Node::Record(r) => match v {
+                Json::Object(map) => self.record(
+                    r,
+                    out,
+                    depth + 1,
+                    |name, _| map.get(name).map(std::borrow::Cow::Borrowed),
+                    map.keys().map(String::as_str),
+                )?,
+                _ => return Err(bad()),
+            },
+            Node::Array(item) => {
+                let Json::Array(items) = v else {
+                    return Err(bad());
+                };
+                self.array(*item, items, out, depth)?;
+            }
+            Node::Map(value) => {
+                let Json::Object(map) = v else {
+                    return Err(bad());
+                };
+                self.map(*value, map, out, depth)?;
+            }
+            Node::Union { branches, null } => {
+                return self.union(node, branches, *null, v, out, depth);
+            }
+            _ => self.named_or_logical(node, v, out)?,
+        }
+        Ok(())
+    }
+
+    fn array(
+        &self,
+        item: usize,
+        items: &[Json],
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), WriteError> {
+        if !items.is_empty() {
+            long(out, items.len() as i64);
+            for (i, x) in items.iter().enumerate() {
+                self.value(item, x, out, depth + 1)
+                    .map_err(|e| e.inside(format!("[{i}]")))?;
+            }
+        }
+        long(out, 0);
+        Ok(())
+    }
+
+    fn map(
+        &self,
+        value: usize,
+        map: &serde_json::Map<String, Json>,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), WriteError> {
+        if !map.is_empty() {
+            long(out, map.len() as i64);
+            for (k, x) in map {
+                bytes(out, k.as_bytes());
+                self.value(value, x, out, depth + 1)
+                    .map_err(|e| e.inside(k.clone()))?;
+            }
+        }
+        long(out, 0);
+        Ok(())
+    }
+
+    /// The branch index and the value of the first branch the value fits.
+    fn union(
+        &self,
+        node: usize,
+        branches: &[usize],
+        null: Option<usize>,
+        v: &Json,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<(), WriteError> {
+        if v.is_null() {
+            let Some(i) = null else {
+                return Err(self.mismatch(node, v));
+            };
+            long(out, i as i64);
+            return Ok(());
+        }
+        // The first branch the value fits, tried on a scratch buffer.
+        let mut last = None;
+        for (i, b) in branches.iter().enumerate() {
+            if Some(i) == null {
+                continue;
+            }
+            let start = out.len();
+            long(out, i as i64);
+            match self.value(*b, v, out, depth + 1) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    out.truncate(start);
+                    last = Some(e);
+                }
+            }
+        }
+        Err(match (last, branches.len() - usize::from(null.is_some())) {
+            // One non-null branch: its own error says more.
+            (Some(e), 1) => e,
+            _ => self.mismatch(node, v),
+        })
+    }
+
+    /// Fixed, enum and the logical types: values of a scalar node given a meaning.
+    fn named_or_logical(&self, node: usize, v: &Json, out: &mut Vec<u8>) -> Result<(), WriteError> {
+        let bad = || self.mismatch(node, v);
+        match self.schema.node(node) {
             Node::Fixed { size, .. } => {
                 let b = base64_value(v).ok_or_else(bad)?;
                 if b.len() != *size {
@@ -205,16 +316,6 @@ impl Writer<'_> {
                 }
                 out.extend_from_slice(&b);
             }
-            Node::Record(r) => match v {
-                Json::Object(map) => self.record(
-                    r,
-                    out,
-                    depth + 1,
-                    |name, _| map.get(name).map(std::borrow::Cow::Borrowed),
-                    map.keys().map(String::as_str),
-                )?,
-                _ => return Err(bad()),
-            },
             Node::Enum { symbols, name } => {
                 let Json::String(s) = v else {
                     return Err(bad());
@@ -229,93 +330,11 @@ impl Writer<'_> {
                     }
                 }
             }
-            Node::Array(item) => {
-                let Json::Array(items) = v else {
-                    return Err(bad());
-                };
-                if !items.is_empty() {
-                    long(out, items.len() as i64);
-                    for (i, x) in items.iter().enumerate() {
-                        self.value(*item, x, out, depth + 1)
-                            .map_err(|e| e.inside(format!("[{i}]")))?;
-                    }
-                }
-                long(out, 0);
-            }
-            Node::Map(value) => {
-                let Json::Object(map) = v else {
-                    return Err(bad());
-                };
-                if !map.is_empty() {
-                    long(out, map.len() as i64);
-                    for (k, x) in map {
-                        bytes(out, k.as_bytes());
-                        self.value(*value, x, out, depth + 1)
-                            .map_err(|e| e.inside(k.clone()))?;
-                    }
-                }
-                long(out, 0);
-            }
-            Node::Union { branches, null } => {
-                if v.is_null() {
-                    let Some(i) = null else {
-                        return Err(bad());
-                    };
-                    long(out, *i as i64);
-                    return Ok(());
-                }
-                // The first branch the value fits, tried on a scratch buffer.
-                let mut last = None;
-                for (i, b) in branches.iter().enumerate() {
-                    if Some(i) == *null {
-                        continue;
-                    }
-                    let start = out.len();
-                    long(out, i as i64);
-                    match self.value(*b, v, out, depth + 1) {
-                        Ok(()) => return Ok(()),
-                        Err(e) => {
-                            out.truncate(start);
-                            last = Some(e);
-                        }
-                    }
-                }
-                return Err(match (last, branches.len() - usize::from(null.is_some())) {
-                    // One non-null branch: its own error says more.
-                    (Some(e), 1) => e,
-                    _ => bad(),
-                });
-            }
             Node::Decimal {
                 precision,
                 scale,
                 fixed,
-            } => {
-                let unscaled = decimal(v, *scale).ok_or_else(bad)?;
-                if unscaled.magnitude().to_string().len() > *precision {
-                    return Err(WriteError::new(format!(
-                        "{} has more digits than {}",
-                        describe_value(v),
-                        self.schema.describe(node)
-                    )));
-                }
-                let raw = unscaled.to_signed_bytes_be();
-                match fixed {
-                    None => bytes(out, &raw),
-                    Some(size) => {
-                        if raw.len() > *size {
-                            return Err(bad());
-                        }
-                        let fill = if unscaled.sign() == num_bigint::Sign::Minus {
-                            0xff
-                        } else {
-                            0
-                        };
-                        out.extend(std::iter::repeat_n(fill, size - raw.len()));
-                        out.extend_from_slice(&raw);
-                    }
-                }
-            }
+            } => self.decimal(node, *precision, *scale, *fixed, v, out)?,
             Node::BigDecimal => {
                 let Some(text) = decimal_source(v) else {
                     return Err(bad());
@@ -337,6 +356,21 @@ impl Writer<'_> {
                     UuidRepr::Fixed => out.extend_from_slice(u.as_bytes()),
                 }
             }
+            Node::Date
+            | Node::TimeMillis
+            | Node::TimeMicros
+            | Node::Timestamp { .. }
+            | Node::Duration => self.time(node, v, out)?,
+            // The nodes of `value` itself.
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    /// Dates, times of day, timestamps and durations.
+    fn time(&self, node: usize, v: &Json, out: &mut Vec<u8>) -> Result<(), WriteError> {
+        let bad = || self.mismatch(node, v);
+        match self.schema.node(node) {
             Node::Date => {
                 let days = match v {
                     Json::String(s) => {
@@ -383,6 +417,46 @@ impl Writer<'_> {
                         })?;
                     out.extend_from_slice(&n.to_le_bytes());
                 }
+            }
+            // The other nodes, written by `value` and `named_or_logical`.
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    /// A decimal as its unscaled two's-complement bytes, in `bytes` or a `fixed` of its size.
+    fn decimal(
+        &self,
+        node: usize,
+        precision: usize,
+        scale: usize,
+        fixed: Option<usize>,
+        v: &Json,
+        out: &mut Vec<u8>,
+    ) -> Result<(), WriteError> {
+        let bad = || self.mismatch(node, v);
+        let unscaled = decimal(v, scale).ok_or_else(bad)?;
+        if unscaled.magnitude().to_string().len() > precision {
+            return Err(WriteError::new(format!(
+                "{} has more digits than {}",
+                describe_value(v),
+                self.schema.describe(node)
+            )));
+        }
+        let raw = unscaled.to_signed_bytes_be();
+        match fixed {
+            None => bytes(out, &raw),
+            Some(size) => {
+                if raw.len() > size {
+                    return Err(bad());
+                }
+                let fill = if unscaled.sign() == num_bigint::Sign::Minus {
+                    0xff
+                } else {
+                    0
+                };
+                out.extend(std::iter::repeat_n(fill, size - raw.len()));
+                out.extend_from_slice(&raw);
             }
         }
         Ok(())
