@@ -19,6 +19,13 @@
 //! once (its ids are in the same Kafka transaction as its record), and at least once (it is
 //! deleted only after that transaction committed). See the README's outbox section.
 
+mod progress;
+mod row;
+mod shard;
+mod table;
+
+pub use table::LayoutError;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -37,11 +44,14 @@ use crate::kafka::{Cluster, clients};
 use crate::record::{ErrorKind, Record, RecordError, Stage};
 use crate::retry::{Backoff, Retries};
 use crate::sink::postgres::{PostgresError, client_config};
-use crate::source::outbox::{self, COLUMNS_SQL, Column, Layout, Progress, Row};
 use crate::telemetry;
 use crate::topology::{OnError, OutboxInput, Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::{Publisher, TxnError, TxnStats};
+
+use progress::Progress;
+use row::Row;
+use table::{COLUMNS_SQL, Column, Layout};
 
 /// Waits between attempts when the database or Kafka fails: 100 ms doubling to 5 s.
 const BACKOFF: Backoff = Backoff::capped(Duration::from_millis(100), Duration::from_secs(5));
@@ -59,7 +69,7 @@ pub enum RelayError {
     #[error("outbox: {0}")]
     Database(#[from] PostgresError),
     #[error("{0}")]
-    Layout(#[from] outbox::LayoutError),
+    Layout(#[from] LayoutError),
     #[error("outbox: environment variable {0} (url_env) is not set")]
     MissingUrl(String),
     #[error("outbox: cannot start the async runtime: {0}")]
@@ -482,7 +492,7 @@ impl<'t> Relay<'t> {
         let mut config = self.producer_config();
         config.set(
             "transactional.id",
-            outbox::transactional_id(&self.topology.name, &self.config.table, shard),
+            shard::transactional_id(&self.topology.name, &self.config.table, shard),
         );
         let publisher = Publisher::new(config, self.timeout, self.options.health.clone()).map_err(
             |e| match e {
@@ -914,7 +924,7 @@ impl RowPublisher<'_> {
                 .topology
                 .outbox()
                 .map_or("outbox.event.", |o| o.topic_prefix.as_str());
-            let topic = outbox::default_topic(prefix, &row.aggregatetype);
+            let topic = row::default_topic(prefix, &row.aggregatetype);
             if !self.topic_exists(&topic)? {
                 return Ok(Err(RecordError {
                     kind: ErrorKind::Unroutable,
@@ -992,7 +1002,7 @@ async fn inspect(
     pg: &tokio_postgres::Config,
     tls: &Option<postgres_openssl::MakeTlsConnector>,
     config: &OutboxInput,
-) -> Result<Result<Layout, outbox::LayoutError>, RelayError> {
+) -> Result<Result<Layout, LayoutError>, RelayError> {
     let limit = Duration::from_secs(30);
     let (client, task) = tokio::time::timeout(limit, crate::sink::postgres::open(pg, tls))
         .await
