@@ -19,11 +19,13 @@
 //! once (its ids are in the same Kafka transaction as its record), and at least once (it is
 //! deleted only after that transaction committed). See the README's outbox section.
 
+mod check;
 mod progress;
 mod row;
 mod shard;
 mod table;
 
+pub use check::check_outbox_table;
 pub use table::LayoutError;
 
 use std::collections::{BTreeMap, HashMap};
@@ -84,24 +86,6 @@ pub enum RelayError {
     Config(String),
     #[error("outbox row {id} failed and runtime.on_error is fail: {error}")]
     RowFailed { id: String, error: RecordError },
-}
-
-/// Connects with the URL of `config.url_env` and checks the outbox table: it exists and has
-/// the columns the relay is told to use (what `onceflow validate --database` reports).
-pub fn check_table(topology: &str, config: &OutboxInput) -> Result<(), RelayError> {
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| RelayError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = client_config(
-        &url,
-        &config.url_env,
-        &format!("onceflow/{topology}/validate"),
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(RelayError::Runtime)?;
-    runtime.block_on(inspect(&pg, &tls, config))??;
-    Ok(())
 }
 
 /// Runs the relay of `topology` until `shutdown` is set, `options` say stop, or a fatal error.
