@@ -6,7 +6,8 @@ use crate::sink::postgres::client_config;
 use crate::topology::lines::LineMap;
 use crate::topology::{OutboxInput, Topology};
 
-use super::{RelayError, inspect};
+use super::RelayError;
+use super::conn::inspect;
 
 /// Checks the outbox table of a relay (its URL from the environment variable `url_env`
 /// names): it exists, and has the columns the topology tells the relay to use.

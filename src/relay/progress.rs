@@ -1,7 +1,16 @@
 //! The progress records of a relay: what one Kafka transaction of a shard published, written
-//! in that transaction and read back by whoever takes the shard next. Pure.
+//! in that transaction and read back by whoever takes the shard next. The record, its key
+//! and its encoding are pure; [`Relay::last_progress`] reads a shard's last one.
 
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
+
+use super::Relay;
 
 /// What one Kafka transaction of a shard published: the ids of its rows. Written in that
 /// transaction to the shard's partition of the progress topic, keyed by table and shard.
@@ -41,6 +50,68 @@ impl Progress {
         serde_json::from_slice::<Progress>(value?)
             .ok()
             .filter(|p| p.table == table && p.shard == shard)
+    }
+}
+
+impl Relay<'_> {
+    /// The shard's last committed progress record, read with read_committed from the end of
+    /// its partition backwards (a window of records, widened until one is found).
+    pub(super) fn last_progress(&self, shard: u32) -> Result<Option<Progress>, KafkaError> {
+        let topic = &self.progress_topic;
+        let partition = shard as i32;
+        let (low, high) = self
+            .reader
+            .fetch_watermarks(topic, partition, self.timeout)?;
+        let mut window = 64i64;
+        let mut end = high;
+        loop {
+            let start = (end - window).max(low);
+            if start >= end {
+                return Ok(None);
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, Offset::Offset(start))?;
+            self.reader.assign(&tpl)?;
+            let deadline = Instant::now() + self.timeout;
+            let mut last = None;
+            loop {
+                // The end may be a transaction marker, never delivered: the position tells
+                // when it is passed.
+                let position = self.reader.position()?;
+                let passed = position.elements().iter().any(|e| {
+                    e.partition() == partition
+                        && matches!(e.offset(), Offset::Offset(o) if o >= end)
+                });
+                if passed {
+                    break;
+                }
+                match self.reader.poll(Duration::from_millis(50)) {
+                    Some(Ok(msg)) => {
+                        if msg.offset() >= end {
+                            break;
+                        }
+                        if let Some(p) =
+                            Progress::decode(msg.key(), msg.payload(), &self.config.table, shard)
+                        {
+                            last = Some(p);
+                        }
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None if Instant::now() > deadline => {
+                        return Err(KafkaError::Flush(
+                            rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            self.reader.unassign()?;
+            if last.is_some() || start == low {
+                return Ok(last);
+            }
+            end = start;
+            window *= 4;
+        }
     }
 }
 

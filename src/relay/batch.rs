@@ -1,0 +1,341 @@
+//! One batch of a shard: its rows claimed in a database transaction, their records (through
+//! the pipeline, or to their default topic) and its progress record sent in one Kafka
+//! transaction, and the rows deleted in the claiming database transaction.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::dlq::format::{Failure, dead_letter};
+use crate::instance::Identity;
+use crate::record::{ErrorKind, Record, RecordError, Stage};
+use crate::telemetry;
+use crate::topology::{OnError, Topology};
+use crate::transform::Pipeline;
+use crate::txn::Publisher;
+
+use super::progress::Progress;
+use super::row::{self, Row};
+use super::{Failed, Relay, RelayError, db, now_ms};
+
+/// How long a topic found missing is taken as missing before it is looked up again.
+const MISSING_TOPIC_RECHECK: Duration = Duration::from_secs(10);
+
+impl Relay<'_> {
+    /// Claims a batch of the shard, publishes it in one Kafka transaction with its progress
+    /// record, then deletes it in the claiming database transaction.
+    pub(super) fn publish_batch(&mut self, shard: u32) -> Result<usize, Failed> {
+        let Relay {
+            runtime,
+            conn,
+            shards,
+            config,
+            layout,
+            ..
+        } = self;
+        let Some(conn) = conn.as_mut() else {
+            return Ok(0);
+        };
+        let Some(publisher) = shards.get_mut(&shard).and_then(|s| s.publisher.as_mut()) else {
+            return Ok(0);
+        };
+        let limit = config.batch_size as i64;
+        let shards_n = layout.shards as i32;
+        let shard_i = shard as i32;
+        let claim = conn.claim.clone();
+        let delete = conn.delete.clone();
+        // A closure over the parts of the relay a batch needs, run inside the database
+        // transaction; the Kafka calls in it block, as everywhere in the job.
+        let relay_parts = RowPublisher {
+            topology: self.topology,
+            identity: self.identity,
+            pipeline: self.pipeline.as_ref(),
+            topics: &self.topics,
+            reader: &self.reader,
+            known_topics: &mut self.known_topics,
+            dead_letter_topic: &self.dead_letter_topic,
+            progress_topic: &self.progress_topic,
+            timeout: self.timeout,
+            skipped: &mut self.skipped,
+        };
+        let exit_after = self.options.exit_after_kafka_commit;
+        let stats = &mut self.stats;
+        let first_row = &mut self.first_row;
+        let table = config.table.clone();
+        let mut undeleted: Option<Vec<String>> = None;
+        let left = &mut undeleted;
+        let result = runtime.block_on(async move {
+            let claim_started = Instant::now();
+            let tx = conn.client.transaction().await.map_err(db)?;
+            let rows = tx
+                .query(&claim, &[&shards_n, &shard_i, &limit])
+                .await
+                .map_err(db)?;
+            if rows.is_empty() {
+                return Ok(0);
+            }
+            first_row.get_or_insert_with(Instant::now);
+            let rows: Vec<Row> = rows
+                .iter()
+                .map(|r| Row {
+                    id: r.get(0),
+                    aggregatetype: r.get(1),
+                    aggregateid: r.get(2),
+                    event_type: r.get(3),
+                    payload: r.get(4),
+                    headers: r.get(5),
+                    created_ms: r.get(6),
+                })
+                .collect();
+            let started = Instant::now();
+            let claimed = started - claim_started;
+            let mut parts = relay_parts;
+            let outputs = match parts.send_all(publisher, &table, shard, &rows) {
+                Ok(n) => n,
+                Err(e) => {
+                    publisher.abort(&KafkaError::Canceled);
+                    return Err(e);
+                }
+            };
+            let sending = started.elapsed();
+            let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+            let progress = Progress {
+                table: table.clone(),
+                shard,
+                ids,
+                relay: parts.identity.instance_id.clone(),
+                at_ms: now_ms(),
+            };
+            let sent = publisher
+                .send_to(
+                    parts.progress_topic,
+                    shard as i32,
+                    Progress::key(&table, shard).as_bytes(),
+                    &progress.encode(),
+                )
+                .and_then(|()| publisher.commit());
+            if let Err(e) = sent {
+                publisher.abort(&e);
+                return Err(Failed::Kafka(e.to_string()));
+            }
+            let took = started.elapsed();
+            let committed_ms = now_ms();
+            telemetry::txn_committed(rows.len() as u64, outputs, took);
+            telemetry::outbox_published(
+                &table,
+                rows.len() as u64,
+                rows.iter()
+                    .filter_map(|r| r.created_ms)
+                    .map(|c| Duration::from_millis((committed_ms - c).max(0) as u64)),
+            );
+            stats.committed += 1;
+            stats.records_committed += rows.len() as u64;
+            stats.outputs_committed += outputs;
+            stats.commit_durations.record(took);
+            if exit_after == Some(stats.committed) {
+                telemetry::failpoint_exit_after_kafka_commit(stats.committed);
+                std::process::abort();
+            }
+            // Published: now the rows go, with the locks the claim took.
+            let result = async {
+                tx.execute(&delete, &[&progress.ids]).await?;
+                tx.commit().await
+            }
+            .await;
+            match result {
+                Ok(()) => {
+                    telemetry::outbox_batch_timing(
+                        &table,
+                        shard,
+                        rows.len(),
+                        [claimed, sending, took - sending, started.elapsed() - took],
+                    );
+                    Ok(rows.len())
+                }
+                Err(e) => {
+                    *left = Some(progress.ids);
+                    Err(db(e))
+                }
+            }
+        });
+        if let (Some(ids), Some(s)) = (undeleted, shards.get_mut(&shard)) {
+            // Kept: the next round of the shard deletes them first.
+            s.undeleted = ids;
+        }
+        result
+    }
+}
+
+/// Where a row's records go.
+enum Routed {
+    /// The row's record itself, to this topic.
+    As(String),
+    /// The records the pipeline made, in `out`.
+    Produced,
+}
+
+/// What sending a batch's records needs.
+struct RowPublisher<'a> {
+    topology: &'a Topology,
+    identity: &'a Identity,
+    pipeline: Option<&'a Pipeline>,
+    topics: &'a [String],
+    reader: &'a BaseConsumer,
+    known_topics: &'a mut HashMap<String, (bool, Instant)>,
+    dead_letter_topic: &'a str,
+    progress_topic: &'a str,
+    timeout: Duration,
+    skipped: &'a mut u64,
+}
+
+impl RowPublisher<'_> {
+    /// Sends the records of every row (or its dead-letter record); returns how many records
+    /// were sent.
+    fn send_all(
+        &mut self,
+        publisher: &mut Publisher,
+        table: &str,
+        shard: u32,
+        rows: &[Row],
+    ) -> Result<u64, Failed> {
+        let kafka = |e: KafkaError| Failed::Kafka(e.to_string());
+        let mut sent = 0;
+        let mut produced = Vec::new();
+        for row in rows {
+            let (record, bad_headers) = row.to_record(table, shard);
+            let outcome = match bad_headers {
+                Some(e) => Err(RecordError {
+                    kind: ErrorKind::BadJson,
+                    stage: Stage::Decode,
+                    message: e.to_string(),
+                }),
+                None => self.route(&record, row, &mut produced).map_err(kafka)?,
+            };
+            match outcome {
+                Ok(Routed::As(topic)) => {
+                    publisher.send(&topic, &record).map_err(kafka)?;
+                    sent += 1;
+                }
+                Ok(Routed::Produced) => {
+                    for (topic, rec) in produced.drain(..) {
+                        publisher.send(&topic, &rec).map_err(kafka)?;
+                        sent += 1;
+                    }
+                }
+                Err(error) => match self.topology.runtime.on_error {
+                    OnError::DeadLetter => {
+                        telemetry::outbox_row_failed(table, &row.id, &error);
+                        let failure = Failure {
+                            kind: error.kind.name().to_string(),
+                            message: error.message.clone(),
+                            stage: error.stage.to_string(),
+                            attempts: 1,
+                        };
+                        let mut dead = dead_letter(
+                            &record,
+                            &failure,
+                            &self.topology.name,
+                            &self.identity.instance_id,
+                            now_ms(),
+                        );
+                        dead.headers
+                            .push((crate::dlq::H_ID.into(), row.id.clone().into_bytes()));
+                        publisher
+                            .send(self.dead_letter_topic, &dead)
+                            .map_err(kafka)?;
+                        telemetry::dead_lettered(error.kind.name());
+                        sent += 1;
+                    }
+                    OnError::Skip => {
+                        telemetry::outbox_row_failed(table, &row.id, &error);
+                        *self.skipped += 1;
+                    }
+                    OnError::Fail => {
+                        return Err(Failed::Fatal(RelayError::RowFailed {
+                            id: row.id.clone(),
+                            error,
+                        }));
+                    }
+                },
+            }
+        }
+        Ok(sent)
+    }
+
+    /// The records a row makes, with their topics: through the pipeline to the outputs, or
+    /// (without outputs) the row's record as it is to `<topic_prefix><aggregatetype>`. The
+    /// outer error is Kafka's (the metadata of a topic could not be read).
+    fn route(
+        &mut self,
+        record: &Record,
+        row: &Row,
+        out: &mut Vec<(String, Record)>,
+    ) -> Result<Result<Routed, RecordError>, KafkaError> {
+        let Some(pipeline) = self.pipeline else {
+            let prefix = self
+                .topology
+                .outbox()
+                .map_or("outbox.event.", |o| o.topic_prefix.as_str());
+            let topic = row::default_topic(prefix, &row.aggregatetype);
+            if !self.topic_exists(&topic)? {
+                return Ok(Err(RecordError {
+                    kind: ErrorKind::Unroutable,
+                    stage: Stage::Output {
+                        index: 0,
+                        name: topic.clone(),
+                    },
+                    message: format!(
+                        "topic `{topic}` (topic_prefix and aggregate type `{}`) does not exist",
+                        row.aggregatetype
+                    ),
+                }));
+            }
+            return Ok(Ok(Routed::As(topic)));
+        };
+        let mut produced = Vec::new();
+        // The record stays at hand for a dead-letter copy of the original.
+        if let Err(e) = pipeline.process(record.clone(), &mut produced) {
+            return Ok(Err(e));
+        }
+        for (index, mut rec) in produced {
+            if let Some(topic) = self.topics.get(index) {
+                // The row is the origin: the table, the shard, the row id (its event id).
+                if self.topology.outputs.get(index).is_none_or(|o| o.lineage) {
+                    crate::lineage::stamp(&mut rec, &record.origin, Some(row.id.as_bytes()));
+                }
+                out.push((topic.clone(), rec));
+            }
+        }
+        Ok(Ok(Routed::Produced))
+    }
+
+    /// Whether `topic` exists. A topic found is remembered; a missing one is looked up again
+    /// after [`MISSING_TOPIC_RECHECK`] (it may be created meanwhile). Metadata that cannot be
+    /// read is an error: the batch is tried again, no row is dead-lettered for it.
+    fn topic_exists(&mut self, topic: &str) -> Result<bool, KafkaError> {
+        if let Some((exists, at)) = self.known_topics.get(topic)
+            && (*exists || at.elapsed() < MISSING_TOPIC_RECHECK)
+        {
+            return Ok(*exists);
+        }
+        let metadata = self.reader.fetch_metadata(Some(topic), self.timeout)?;
+        let exists = match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) => match t.error() {
+                None => !t.partitions().is_empty(),
+                Some(code) => match RDKafkaErrorCode::from(code) {
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
+                        false
+                    }
+                    other => return Err(KafkaError::MetadataFetch(other)),
+                },
+            },
+            None => false,
+        };
+        self.known_topics
+            .insert(topic.to_string(), (exists, Instant::now()));
+        Ok(exists)
+    }
+}
