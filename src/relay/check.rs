@@ -2,12 +2,11 @@
 //! columns the topology tells the relay to use.
 
 use crate::load::Diagnostic;
-use crate::sink::postgres::client_config;
 use crate::topology::lines::LineMap;
 use crate::topology::{OutboxInput, Topology};
 
 use super::RelayError;
-use super::conn::inspect;
+use super::conn::{database, inspect};
 
 /// Checks the outbox table of a relay (its URL from the environment variable `url_env`
 /// names): it exists, and has the columns the topology tells the relay to use.
@@ -36,17 +35,7 @@ pub fn check_outbox_table(topology: &Topology, file: &str, lines: &LineMap) -> V
 
 /// Connects with the URL of `config.url_env` and checks the outbox table.
 fn check_table(topology: &str, config: &OutboxInput) -> Result<(), RelayError> {
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| RelayError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = client_config(
-        &url,
-        &config.url_env,
-        &format!("onceflow/{topology}/validate"),
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(RelayError::Runtime)?;
+    let (pg, tls, runtime) = database(config, &format!("onceflow/{topology}/validate"))?;
     runtime.block_on(inspect(&pg, &tls, config))??;
     Ok(())
 }

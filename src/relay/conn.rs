@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
-use crate::sink::postgres::{PostgresError, open};
+use crate::sink::postgres::{PostgresError, client_config, open};
 use crate::telemetry;
 use crate::topology::OutboxInput;
 
@@ -66,6 +66,29 @@ impl Relay<'_> {
             }
         });
     }
+}
+
+/// The connection settings of the URL in `config.url_env` (the connections named
+/// `application_name`), and the runtime to run them on.
+pub(super) fn database(
+    config: &OutboxInput,
+    application_name: &str,
+) -> Result<
+    (
+        tokio_postgres::Config,
+        Option<postgres_openssl::MakeTlsConnector>,
+        tokio::runtime::Runtime,
+    ),
+    RelayError,
+> {
+    let url = std::env::var(&config.url_env)
+        .map_err(|_| RelayError::MissingUrl(config.url_env.clone()))?;
+    let (pg, tls) = client_config(&url, &config.url_env, application_name)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(RelayError::Runtime)?;
+    Ok((pg, tls, runtime))
 }
 
 /// Reads the outbox table's columns and checks them.

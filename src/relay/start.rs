@@ -9,16 +9,17 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use crate::instance::{Identity, RunOptions};
 use crate::kafka::Cluster;
 use crate::kafka::admin::Admin;
-use crate::sink::postgres::client_config;
 use crate::telemetry;
 use crate::topology::{Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::TxnStats;
 
-use super::conn::inspect;
+use super::conn::{database, inspect};
 use super::{BACKOFF, Relay, RelayError};
 
 impl<'t> Relay<'t> {
+    /// A relay of `topology`: its outbox table's layout read, its pipeline compiled, its
+    /// topics checked (the progress topic created when missing). It holds no shard yet.
     pub(super) fn new(
         topology: &'t Topology,
         identity: &'t Identity,
@@ -27,60 +28,16 @@ impl<'t> Relay<'t> {
         let config = topology.outbox().ok_or_else(|| {
             RelayError::Config("the topology has no postgres_outbox input".into())
         })?;
-        let url = std::env::var(&config.url_env)
-            .map_err(|_| RelayError::MissingUrl(config.url_env.clone()))?;
-        let (pg, tls) = client_config(
-            &url,
-            &config.url_env,
+        let (pg, tls, runtime) = database(
+            config,
             &format!("onceflow/{}/relay/{}", topology.name, identity.instance_id),
         )?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(RelayError::Runtime)?;
         let timeout = Duration::from_millis(topology.runtime.transaction_timeout_ms);
         let layout = runtime.block_on(inspect(&pg, &tls, config))??;
-        let pipeline = if topology.outputs.is_empty() {
-            None
-        } else {
-            let codecs = crate::codec::Codecs::connect(topology)
-                .map_err(|e| RelayError::Config(e.to_string()))?;
-            Some(Pipeline::compile_with(topology, codecs).map_err(|issues| {
-                RelayError::Config(
-                    issues
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                )
-            })?)
-        };
-        let topics = topology
-            .outputs
-            .iter()
-            .map(|o| match o.target() {
-                Some(Target::Topic(t)) => Ok(t.to_string()),
-                _ => Err(RelayError::Config(format!(
-                    "output `{}`: a relay writes Kafka topics only",
-                    o.name()
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let pipeline = pipeline(topology)?;
+        let topics = output_topics(topology)?;
         let cluster = cluster(topology, identity);
-        let reader: BaseConsumer = cluster
-            .config()
-            .set(
-                "group.id",
-                format!("onceflow.{}.outbox-reader", topology.name),
-            )
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            .create()
-            .map_err(|error| RelayError::Client {
-                what: "cannot create the progress reader".into(),
-                error,
-            })?;
+        let reader = progress_reader(&cluster, &topology.name)?;
         let relay = Relay {
             topology,
             identity,
@@ -107,20 +64,26 @@ impl<'t> Relay<'t> {
             retries: BACKOFF.retries(),
         };
         relay.check_topics(&cluster)?;
-        options
+        relay.started();
+        Ok(relay)
+    }
+
+    /// Tells health how long a transaction and a call may take, and logs the start.
+    fn started(&self) {
+        let (topology, config) = (self.topology, self.config);
+        self.options
             .health
-            .set_bound(timeout + Duration::from_millis(config.poll_interval_ms));
-        options
+            .set_bound(self.timeout + Duration::from_millis(config.poll_interval_ms));
+        self.options
             .health
             .set_call_bound(crate::instance::call_bound(topology));
         telemetry::relay_started(
             &topology.name,
-            &identity.instance_id,
+            &self.identity.instance_id,
             &config.table,
             config.shards,
-            &relay.progress_topic,
+            &self.progress_topic,
         );
-        Ok(relay)
     }
 
     /// The output topics and the dead-letter topic must exist; the progress topic is created
@@ -175,6 +138,57 @@ impl<'t> Relay<'t> {
             .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
             .map(|t| t.partitions().len()))
     }
+}
+
+/// The topology's pipeline, when it has outputs (without, each row goes as it is to its
+/// default topic).
+fn pipeline(topology: &Topology) -> Result<Option<Pipeline>, RelayError> {
+    if topology.outputs.is_empty() {
+        return Ok(None);
+    }
+    let codecs =
+        crate::codec::Codecs::connect(topology).map_err(|e| RelayError::Config(e.to_string()))?;
+    let pipeline = Pipeline::compile_with(topology, codecs).map_err(|issues| {
+        RelayError::Config(
+            issues
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    })?;
+    Ok(Some(pipeline))
+}
+
+/// The topic of each output, by output index: a relay writes Kafka topics only.
+fn output_topics(topology: &Topology) -> Result<Vec<String>, RelayError> {
+    topology
+        .outputs
+        .iter()
+        .map(|o| match o.target() {
+            Some(Target::Topic(t)) => Ok(t.to_string()),
+            _ => Err(RelayError::Config(format!(
+                "output `{}`: a relay writes Kafka topics only",
+                o.name()
+            ))),
+        })
+        .collect()
+}
+
+/// The consumer that reads progress records back (read_committed, nothing committed) and
+/// topic metadata.
+fn progress_reader(cluster: &Cluster, topology: &str) -> Result<BaseConsumer, RelayError> {
+    cluster
+        .config()
+        .set("group.id", format!("onceflow.{topology}.outbox-reader"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .map_err(|error| RelayError::Client {
+            what: "cannot create the progress reader".into(),
+            error,
+        })
 }
 
 /// The cluster of the relay's clients.
