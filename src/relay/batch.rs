@@ -15,7 +15,7 @@ use crate::record::{ErrorKind, Record, RecordError, Stage};
 use crate::telemetry;
 use crate::topology::{OnError, Topology};
 use crate::transform::Pipeline;
-use crate::txn::Publisher;
+use crate::txn::{Publisher, TxnStats};
 
 use super::progress::Progress;
 use super::row::{self, Row};
@@ -78,67 +78,14 @@ impl Relay<'_> {
                 return Ok(0);
             }
             first_row.get_or_insert_with(Instant::now);
-            let rows: Vec<Row> = rows
-                .iter()
-                .map(|r| Row {
-                    id: r.get(0),
-                    aggregatetype: r.get(1),
-                    aggregateid: r.get(2),
-                    event_type: r.get(3),
-                    payload: r.get(4),
-                    headers: r.get(5),
-                    created_ms: r.get(6),
-                })
-                .collect();
+            let rows = claimed_rows(&rows);
             let started = Instant::now();
             let claimed = started - claim_started;
             let mut parts = relay_parts;
-            let outputs = match parts.send_all(publisher, &table, shard, &rows) {
-                Ok(n) => n,
-                Err(e) => {
-                    publisher.abort(&KafkaError::Canceled);
-                    return Err(e);
-                }
-            };
-            let sending = started.elapsed();
-            let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-            let progress = Progress {
-                table: table.clone(),
-                shard,
-                ids,
-                relay: parts.identity.instance_id.clone(),
-                at_ms: now_ms(),
-            };
-            let sent = publisher
-                .send_to(
-                    parts.progress_topic,
-                    shard as i32,
-                    Progress::key(&table, shard).as_bytes(),
-                    &progress.encode(),
-                )
-                .and_then(|()| publisher.commit());
-            if let Err(e) = sent {
-                publisher.abort(&e);
-                return Err(Failed::Kafka(e.to_string()));
-            }
+            let (progress, outputs, sending) =
+                parts.transact(publisher, &table, shard, &rows, started)?;
             let took = started.elapsed();
-            let committed_ms = now_ms();
-            telemetry::txn_committed(rows.len() as u64, outputs, took);
-            telemetry::outbox_published(
-                &table,
-                rows.len() as u64,
-                rows.iter()
-                    .filter_map(|r| r.created_ms)
-                    .map(|c| Duration::from_millis((committed_ms - c).max(0) as u64)),
-            );
-            stats.committed += 1;
-            stats.records_committed += rows.len() as u64;
-            stats.outputs_committed += outputs;
-            stats.commit_durations.record(took);
-            if exit_after == Some(stats.committed) {
-                telemetry::failpoint_exit_after_kafka_commit(stats.committed);
-                std::process::abort();
-            }
+            committed(stats, &table, &rows, outputs, took, exit_after);
             // Published: now the rows go, with the locks the claim took.
             let result = async {
                 tx.execute(&delete, &[&progress.ids]).await?;
@@ -169,6 +116,50 @@ impl Relay<'_> {
     }
 }
 
+/// The claimed rows, their columns in the order of [`super::table::Layout::claim_sql`].
+fn claimed_rows(rows: &[tokio_postgres::Row]) -> Vec<Row> {
+    rows.iter()
+        .map(|r| Row {
+            id: r.get(0),
+            aggregatetype: r.get(1),
+            aggregateid: r.get(2),
+            event_type: r.get(3),
+            payload: r.get(4),
+            headers: r.get(5),
+            created_ms: r.get(6),
+        })
+        .collect()
+}
+
+/// Counts a batch whose Kafka transaction committed (`took` after its start), and logs it;
+/// the failpoint `exit_after_kafka_commit` ends the process here, before the delete.
+fn committed(
+    stats: &mut TxnStats,
+    table: &str,
+    rows: &[Row],
+    outputs: u64,
+    took: Duration,
+    exit_after: Option<u64>,
+) {
+    let committed_ms = now_ms();
+    telemetry::txn_committed(rows.len() as u64, outputs, took);
+    telemetry::outbox_published(
+        table,
+        rows.len() as u64,
+        rows.iter()
+            .filter_map(|r| r.created_ms)
+            .map(|c| Duration::from_millis((committed_ms - c).max(0) as u64)),
+    );
+    stats.committed += 1;
+    stats.records_committed += rows.len() as u64;
+    stats.outputs_committed += outputs;
+    stats.commit_durations.record(took);
+    if exit_after == Some(stats.committed) {
+        telemetry::failpoint_exit_after_kafka_commit(stats.committed);
+        std::process::abort();
+    }
+}
+
 /// Where a row's records go.
 enum Routed {
     /// The row's record itself, to this topic.
@@ -192,6 +183,41 @@ struct RowPublisher<'a> {
 }
 
 impl RowPublisher<'_> {
+    /// The Kafka transaction of a batch: the rows' records, then its progress record, then
+    /// the commit; aborted when any of it fails. Returns the progress record, how many
+    /// records were sent, and how long sending them took after `started`.
+    fn transact(
+        &mut self,
+        publisher: &mut Publisher,
+        table: &str,
+        shard: u32,
+        rows: &[Row],
+        started: Instant,
+    ) -> Result<(Progress, u64, Duration), Failed> {
+        let outputs = match self.send_all(publisher, table, shard, rows) {
+            Ok(n) => n,
+            Err(e) => {
+                publisher.abort(&KafkaError::Canceled);
+                return Err(e);
+            }
+        };
+        let sending = started.elapsed();
+        let progress = Progress::of(table, shard, rows, &self.identity.instance_id, now_ms());
+        let sent = publisher
+            .send_to(
+                self.progress_topic,
+                shard as i32,
+                Progress::key(table, shard).as_bytes(),
+                &progress.encode(),
+            )
+            .and_then(|()| publisher.commit());
+        if let Err(e) = sent {
+            publisher.abort(&e);
+            return Err(Failed::Kafka(e.to_string()));
+        }
+        Ok((progress, outputs, sending))
+    }
+
     /// Sends the records of every row (or its dead-letter record); returns how many records
     /// were sent.
     fn send_all(

@@ -11,6 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use super::Relay;
+use super::row::Row;
 
 /// What one Kafka transaction of a shard published: the ids of its rows. Written in that
 /// transaction to the shard's partition of the progress topic, keyed by table and shard.
@@ -27,6 +28,18 @@ pub(super) struct Progress {
 }
 
 impl Progress {
+    /// The progress of a batch of `rows` of a shard, published by the relay instance `relay`
+    /// in a transaction committed at `at_ms`: their ids, in order.
+    pub(super) fn of(table: &str, shard: u32, rows: &[Row], relay: &str, at_ms: i64) -> Progress {
+        Progress {
+            table: table.to_string(),
+            shard,
+            ids: rows.iter().map(|r| r.id.clone()).collect(),
+            relay: relay.to_string(),
+            at_ms,
+        }
+    }
+
     /// The record key of a shard's progress.
     pub(super) fn key(table: &str, shard: u32) -> String {
         format!("{table}/{shard}")
