@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 
 use crate::dlq::format::{Failure, dead_letter};
 use crate::instance::Identity;
@@ -254,21 +254,14 @@ impl RowPublisher<'_> {
                 Err(error) => match self.topology.runtime.on_error {
                     OnError::DeadLetter => {
                         telemetry::outbox_row_failed(table, &row.id, &error);
-                        let failure = Failure {
-                            kind: error.kind.name().to_string(),
-                            message: error.message.clone(),
-                            stage: error.stage.to_string(),
-                            attempts: 1,
-                        };
-                        let mut dead = dead_letter(
+                        let dead = row_dead_letter(
                             &record,
-                            &failure,
+                            &row.id,
+                            &error,
                             &self.topology.name,
                             &self.identity.instance_id,
                             now_ms(),
                         );
-                        dead.headers
-                            .push((crate::dlq::H_ID.into(), row.id.clone().into_bytes()));
                         publisher
                             .send(self.dead_letter_topic, &dead)
                             .map_err(kafka)?;
@@ -342,26 +335,200 @@ impl RowPublisher<'_> {
     /// after [`MISSING_TOPIC_RECHECK`] (it may be created meanwhile). Metadata that cannot be
     /// read is an error: the batch is tried again, no row is dead-lettered for it.
     fn topic_exists(&mut self, topic: &str) -> Result<bool, KafkaError> {
-        if let Some((exists, at)) = self.known_topics.get(topic)
-            && (*exists || at.elapsed() < MISSING_TOPIC_RECHECK)
-        {
-            return Ok(*exists);
+        if let Some(exists) = remembered(self.known_topics.get(topic), Instant::now()) {
+            return Ok(exists);
         }
         let metadata = self.reader.fetch_metadata(Some(topic), self.timeout)?;
-        let exists = match metadata.topics().iter().find(|t| t.name() == topic) {
-            Some(t) => match t.error() {
-                None => !t.partitions().is_empty(),
-                Some(code) => match RDKafkaErrorCode::from(code) {
-                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
-                        false
-                    }
-                    other => return Err(KafkaError::MetadataFetch(other)),
-                },
-            },
-            None => false,
-        };
+        let listed = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| (t.error(), t.partitions().len()));
+        let exists = listed_exists(listed)?;
         self.known_topics
             .insert(topic.to_string(), (exists, Instant::now()));
         Ok(exists)
+    }
+}
+
+/// The dead-letter record of a row that failed with `error`: [`dead_letter`] of its record,
+/// with the row id as the original's event id.
+fn row_dead_letter(
+    record: &Record,
+    row_id: &str,
+    error: &RecordError,
+    topology: &str,
+    instance: &str,
+    at_ms: i64,
+) -> Record {
+    let failure = Failure {
+        kind: error.kind.name().to_string(),
+        message: error.message.clone(),
+        stage: error.stage.to_string(),
+        attempts: 1,
+    };
+    let mut dead = dead_letter(record, &failure, topology, instance, at_ms);
+    dead.headers
+        .push((crate::dlq::H_ID.into(), row_id.as_bytes().to_vec()));
+    dead
+}
+
+/// What is remembered of whether a topic exists, if it still holds at `now`: a topic found,
+/// for good; a missing one, for [`MISSING_TOPIC_RECHECK`] after it was looked up.
+fn remembered(known: Option<&(bool, Instant)>, now: Instant) -> Option<bool> {
+    let &(exists, at) = known?;
+    (exists || now.saturating_duration_since(at) < MISSING_TOPIC_RECHECK).then_some(exists)
+}
+
+/// Whether a topic exists, by what the metadata lists of it (its error and its partition
+/// count; `None`: not listed). An error other than an unknown topic means the metadata
+/// cannot tell: it is returned.
+fn listed_exists(listed: Option<(Option<RDKafkaRespErr>, usize)>) -> Result<bool, KafkaError> {
+    let Some((error, partitions)) = listed else {
+        return Ok(false);
+    };
+    match error {
+        None => Ok(partitions > 0),
+        Some(code) => match RDKafkaErrorCode::from(code) {
+            RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => Ok(false),
+            other => Err(KafkaError::MetadataFetch(other)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use rdkafka::types::RDKafkaRespErr;
+
+    use super::*;
+
+    fn row() -> Row {
+        Row {
+            id: "42".into(),
+            aggregatetype: "order".into(),
+            aggregateid: "o-7".into(),
+            event_type: "OrderPaid".into(),
+            payload: Some(br#"{"a":1}"#.to_vec()),
+            headers: None,
+            created_ms: Some(1000),
+        }
+    }
+
+    fn header<'r>(record: &'r Record, name: &str) -> Option<&'r [u8]> {
+        record
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    #[test]
+    fn a_failed_row_is_dead_lettered_verbatim_with_its_row_id_and_its_table_as_origin() {
+        let (record, _) = row().to_record("orders_outbox", 1);
+        let error = RecordError {
+            kind: ErrorKind::Unroutable,
+            stage: Stage::Output {
+                index: 0,
+                name: "outbox.event.order".into(),
+            },
+            message: "topic `outbox.event.order` does not exist".into(),
+        };
+        let dead = row_dead_letter(&record, "42", &error, "orders", "pod-0", 5000);
+        assert_eq!(dead.key.as_deref(), Some(&b"o-7"[..]));
+        assert_eq!(dead.value.as_deref(), Some(&br#"{"a":1}"#[..]));
+        assert_eq!(header(&dead, "event-id"), Some(&b"42"[..]));
+        assert_eq!(header(&dead, crate::dlq::H_ID), Some(&b"42"[..]));
+        assert_eq!(
+            header(&dead, crate::dlq::format::H_KIND),
+            Some(&b"unroutable"[..])
+        );
+        assert_eq!(
+            header(&dead, crate::dlq::format::H_TOPIC),
+            Some(&b"postgres:orders_outbox"[..])
+        );
+        assert_eq!(
+            header(&dead, crate::dlq::format::H_PARTITION),
+            Some(&b"1"[..])
+        );
+        assert_eq!(
+            header(&dead, crate::dlq::format::H_OFFSET),
+            Some(&b"42"[..])
+        );
+        assert_eq!(
+            header(&dead, crate::dlq::format::H_ATTEMPTS),
+            Some(&b"1"[..])
+        );
+    }
+
+    #[test]
+    fn a_topic_found_is_remembered_and_a_missing_one_looked_up_again_after_10_seconds() {
+        let at = Instant::now();
+        assert_eq!(remembered(None, at), None);
+        let found = (true, at);
+        assert_eq!(
+            remembered(Some(&found), at + Duration::from_secs(3600)),
+            Some(true)
+        );
+        let missing = (false, at);
+        assert_eq!(
+            remembered(Some(&missing), at + Duration::from_secs(9)),
+            Some(false)
+        );
+        assert_eq!(
+            remembered(Some(&missing), at + Duration::from_secs(10)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_topic_exists_when_listed_with_partitions_and_other_metadata_errors_are_errors() {
+        assert!(!listed_exists(None).unwrap());
+        assert!(!listed_exists(Some((None, 0))).unwrap());
+        assert!(listed_exists(Some((None, 3))).unwrap());
+        let unknown = RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+        assert!(!listed_exists(Some((Some(unknown), 0))).unwrap());
+        let unknown = RDKafkaRespErr::RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+        assert!(!listed_exists(Some((Some(unknown), 0))).unwrap());
+        let leaderless = RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE;
+        assert!(matches!(
+            listed_exists(Some((Some(leaderless), 1))),
+            Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::LeaderNotAvailable
+            ))
+        ));
+    }
+
+    #[test]
+    fn a_committed_batch_counts_one_transaction_its_rows_and_its_records() {
+        let rows = [
+            row(),
+            Row {
+                id: "43".into(),
+                ..row()
+            },
+        ];
+        let mut stats = TxnStats::default();
+        committed(
+            &mut stats,
+            "orders_outbox",
+            &rows,
+            3,
+            Duration::from_millis(5),
+            None,
+        );
+        committed(
+            &mut stats,
+            "orders_outbox",
+            &rows[..1],
+            1,
+            Duration::from_millis(7),
+            Some(9),
+        );
+        assert_eq!(stats.committed, 2);
+        assert_eq!(stats.records_committed, 3);
+        assert_eq!(stats.outputs_committed, 4);
+        assert_eq!(stats.commit_durations.count(), 2);
     }
 }

@@ -75,13 +75,7 @@ impl Relay<'_> {
         let (low, high) = self
             .reader
             .fetch_watermarks(topic, partition, self.timeout)?;
-        let mut window = 64i64;
-        let mut end = high;
-        loop {
-            let start = (end - window).max(low);
-            if start >= end {
-                return Ok(None);
-            }
+        for (start, end) in Windows::new(low, high) {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition_offset(topic, partition, Offset::Offset(start))?;
             self.reader.assign(&tpl)?;
@@ -122,9 +116,43 @@ impl Relay<'_> {
             if last.is_some() || start == low {
                 return Ok(last);
             }
-            end = start;
-            window *= 4;
         }
+        Ok(None)
+    }
+}
+
+/// The ranges of offsets `[start, end)` a shard's partition is read back in, from its end
+/// towards its start: the last 64 records, then each range 4 times as wide as the one
+/// before, until the start.
+struct Windows {
+    low: i64,
+    end: i64,
+    width: i64,
+}
+
+impl Windows {
+    /// The windows of a partition whose offsets run from `low` to `high` (its watermarks).
+    fn new(low: i64, high: i64) -> Windows {
+        Windows {
+            low,
+            end: high,
+            width: 64,
+        }
+    }
+}
+
+impl Iterator for Windows {
+    type Item = (i64, i64);
+
+    fn next(&mut self) -> Option<(i64, i64)> {
+        let start = (self.end - self.width).max(self.low);
+        if start >= self.end {
+            return None;
+        }
+        let window = (start, self.end);
+        self.end = start;
+        self.width = self.width.saturating_mul(4);
+        Some(window)
     }
 }
 
@@ -156,5 +184,19 @@ mod tests {
             Progress::decode(Some(key.as_bytes()), Some(b"{"), "t", 2),
             None
         );
+    }
+
+    #[test]
+    fn a_partition_is_read_back_from_its_end_in_windows_four_times_wider_each_time() {
+        assert_eq!(
+            Windows::new(0, 1000).collect::<Vec<_>>(),
+            [(936, 1000), (680, 936), (0, 680)]
+        );
+        assert_eq!(
+            Windows::new(100, 2000).collect::<Vec<_>>(),
+            [(1936, 2000), (1680, 1936), (656, 1680), (100, 656)]
+        );
+        assert_eq!(Windows::new(10, 50).collect::<Vec<_>>(), [(10, 50)]);
+        assert_eq!(Windows::new(7, 7).count(), 0);
     }
 }
