@@ -39,3 +39,32 @@ fn check_table(topology: &str, config: &OutboxInput) -> Result<(), RelayError> {
     runtime.block_on(inspect(&pg, &tls, config))??;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topology_without_an_outbox_has_no_table_to_check() {
+        let text = "name: job\ninputs: [{topic: in}]\noutputs: [{topic: out}]\n";
+        let topology = Topology::parse_unchecked(text).unwrap();
+        assert!(check_outbox_table(&topology, "job.yaml", &LineMap::build(text)).is_empty());
+    }
+
+    #[test]
+    fn a_url_variable_not_set_is_reported_at_the_outbox_table() {
+        // A variable no environment sets: the check stops before any connection.
+        let text = "name: relay\ninputs:\n  - topic: ''\n  - postgres_outbox:\n      url_env: ONCEFLOW_RELAY_TEST_NEVER_SET\n      table: orders_outbox\n";
+        let topology = Topology::parse_unchecked(text).unwrap();
+        let found = check_outbox_table(&topology, "relay.yaml", &LineMap::build(text));
+        assert_eq!(
+            found,
+            [Diagnostic {
+                file: "relay.yaml".into(),
+                line: Some(6),
+                path: "inputs[1].postgres_outbox.table".into(),
+                message: "outbox: environment variable ONCEFLOW_RELAY_TEST_NEVER_SET (url_env) is not set".into(),
+            }]
+        );
+    }
+}

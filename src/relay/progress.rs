@@ -199,4 +199,71 @@ mod tests {
         assert_eq!(Windows::new(10, 50).collect::<Vec<_>>(), [(10, 50)]);
         assert_eq!(Windows::new(7, 7).count(), 0);
     }
+
+    #[test]
+    fn progress_is_json_keyed_by_table_and_shard() {
+        let p = Progress {
+            table: "public.outbox".into(),
+            shard: 2,
+            ids: vec!["10".into(), "9".into()],
+            relay: "pod-0".into(),
+            at_ms: 5,
+        };
+        // What one relay writes, another (of another version too) reads back.
+        assert_eq!(
+            String::from_utf8(p.encode()).unwrap(),
+            r#"{"table":"public.outbox","shard":2,"ids":["10","9"],"relay":"pod-0","at_ms":5}"#
+        );
+        assert_eq!(Progress::key("public.outbox", 2), "public.outbox/2");
+    }
+
+    #[test]
+    fn a_record_without_key_or_value_or_naming_another_shard_is_not_progress() {
+        let p = Progress {
+            table: "t".into(),
+            shard: 2,
+            ids: vec!["1".into()],
+            relay: "r".into(),
+            at_ms: 5,
+        };
+        let bytes = p.encode();
+        assert_eq!(Progress::decode(None, Some(&bytes), "t", 2), None);
+        assert_eq!(Progress::decode(Some(b"t/2"), None, "t", 2), None);
+        let other = Progress {
+            shard: 3,
+            ..p.clone()
+        }
+        .encode();
+        assert_eq!(Progress::decode(Some(b"t/2"), Some(&other), "t", 2), None);
+        let other = Progress {
+            table: "u".into(),
+            ..p
+        }
+        .encode();
+        assert_eq!(Progress::decode(Some(b"t/2"), Some(&other), "t", 2), None);
+    }
+
+    #[test]
+    fn the_progress_of_a_batch_names_its_rows_in_the_order_published() {
+        let row = |id: &str| Row {
+            id: id.into(),
+            aggregatetype: "order".into(),
+            aggregateid: "o-1".into(),
+            event_type: "OrderPaid".into(),
+            payload: None,
+            headers: None,
+            created_ms: None,
+        };
+        let p = Progress::of("t", 1, &[row("10"), row("9"), row("11")], "pod-0", 77);
+        assert_eq!(
+            p,
+            Progress {
+                table: "t".into(),
+                shard: 1,
+                ids: vec!["10".into(), "9".into(), "11".into()],
+                relay: "pod-0".into(),
+                at_ms: 77,
+            }
+        );
+    }
 }

@@ -135,4 +135,63 @@ mod tests {
         };
         assert!(bad.to_record("t", 0).1.is_some());
     }
+
+    #[test]
+    fn a_row_without_payload_or_headers_has_no_value_and_only_the_relay_headers() {
+        let row = Row {
+            id: "7".into(),
+            aggregatetype: "customer".into(),
+            aggregateid: "c-1".into(),
+            event_type: "CustomerDeleted".into(),
+            payload: None,
+            headers: None,
+            created_ms: None,
+        };
+        let (rec, err) = row.to_record("outbox", 0);
+        assert!(err.is_none());
+        assert_eq!(rec.value, None);
+        assert_eq!(rec.timestamp, None);
+        let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["event-id", "event-type", "aggregate-type"]);
+    }
+
+    #[test]
+    fn headers_that_are_not_an_object_name_the_row_and_the_record_keeps_its_own() {
+        let row = Row {
+            id: "9".into(),
+            aggregatetype: "order".into(),
+            aggregateid: "o-1".into(),
+            event_type: "OrderPaid".into(),
+            payload: Some(b"{}".to_vec()),
+            headers: Some("not json".into()),
+            created_ms: Some(5),
+        };
+        let (rec, err) = row.to_record("outbox", 2);
+        let err = err.unwrap().to_string();
+        assert!(
+            err.starts_with("row 9: headers column is not an object of strings: "),
+            "{err}"
+        );
+        assert_eq!(rec.headers.len(), 3);
+        assert_eq!(rec.timestamp, Some(5));
+        assert_eq!(rec.origin.partition, 2);
+    }
+
+    #[test]
+    fn an_id_that_is_not_a_number_has_offset_minus_one() {
+        assert_eq!(origin("t", 3, "1234").offset, 1234);
+        let uuid = origin("t", 3, "0b1e9b5e-6f7a-4d3c-9a59-2f6c1f0e4d11");
+        assert_eq!(uuid.offset, -1);
+        assert_eq!(uuid.partition, 3);
+        assert_eq!(&*uuid.topic, "postgres:t");
+    }
+
+    #[test]
+    fn a_row_goes_by_default_to_the_prefix_and_its_aggregate_type() {
+        assert_eq!(
+            default_topic("outbox.event.", "order"),
+            "outbox.event.order"
+        );
+        assert_eq!(default_topic("", "order"), "order");
+    }
 }

@@ -173,3 +173,16 @@ impl Relay<'_> {
         c
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_has_one_transactional_id_whichever_relay_holds_it() {
+        assert_eq!(
+            transactional_id("orders-outbox", "public.orders_outbox", 3),
+            "onceflow.orders-outbox.outbox.public.orders_outbox.3"
+        );
+    }
+}

@@ -202,3 +202,37 @@ fn cluster(topology: &Topology, identity: &Identity) -> Cluster {
         .collect();
     cluster
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RELAY: &str = "name: relay\ninputs:\n  - postgres_outbox: {url_env: PG}\n";
+
+    #[test]
+    fn the_outputs_of_a_relay_are_topics_in_their_order() {
+        let topology = Topology::parse_unchecked(&format!(
+            "{RELAY}outputs:\n  - {{name: events, topic: order-events}}\n  - {{name: deleted, topic: order-events.deleted}}\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            output_topics(&topology).unwrap(),
+            ["order-events", "order-events.deleted"]
+        );
+        let none = Topology::parse_unchecked(RELAY).unwrap();
+        assert!(output_topics(&none).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_output_that_is_not_a_topic_is_refused_by_name() {
+        let topology = Topology::parse_unchecked(&format!(
+            "{RELAY}outputs:\n  - {{name: events, topic: order-events}}\n  - name: status\n    postgres: {{url_env: PG, table: s, id_columns: [id], columns: {{id: id}}}}\n"
+        ))
+        .unwrap();
+        let e = output_topics(&topology).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid topology: output `status`: a relay writes Kafka topics only"
+        );
+    }
+}

@@ -351,4 +351,79 @@ mod tests {
             LayoutError::NoTable("outbox".into())
         );
     }
+
+    #[test]
+    fn a_bytea_payload_is_claimed_as_it_is_with_the_headers_and_insert_time_columns_named() {
+        let mut cols = debezium();
+        cols[4].type_name = "bytea".into();
+        cols.push(Column {
+            name: "meta".into(),
+            type_name: "jsonb".into(),
+        });
+        cols.push(Column {
+            name: "at".into(),
+            type_name: "timestamp without time zone".into(),
+        });
+        let c =
+            config("url_env: PG\ntable: app.outbox\ncolumns: {headers: meta, created_at: at}\n");
+        let layout = Layout::check(&c, &cols).unwrap();
+        assert_eq!(layout.payload, PayloadType::Bytes);
+        assert_eq!(
+            layout.claim_sql(),
+            "SELECT id::text AS o_id, aggregatetype::text AS o_at, aggregateid::text AS o_ai, type::text AS o_ty, payload AS o_payload, meta::text AS o_headers, (extract(epoch from at) * 1000)::int8 AS o_created FROM app.outbox WHERE ($1::int4 = $1 AND $2::int4 = $2) ORDER BY id LIMIT $3::int8 FOR UPDATE SKIP LOCKED"
+        );
+        assert_eq!(
+            layout.oldest_sql().as_deref(),
+            Some(
+                "SELECT (extract(epoch from (now() - at)) * 1000)::int8 FROM app.outbox ORDER BY id LIMIT 1"
+            )
+        );
+    }
+
+    #[test]
+    fn headers_insert_time_and_order_columns_of_another_type_are_refused() {
+        let mut cols = debezium();
+        cols.push(Column {
+            name: "meta".into(),
+            type_name: "text".into(),
+        });
+        let e = Layout::check(&config("url_env: PG\ncolumns: {headers: meta}\n"), &cols);
+        assert!(
+            matches!(&e, Err(LayoutError::WrongType { field: "headers", type_name, .. }) if type_name == "text"),
+            "{e:?}"
+        );
+        let e = Layout::check(&config("url_env: PG\ncolumns: {created_at: meta}\n"), &cols);
+        assert!(
+            matches!(
+                &e,
+                Err(LayoutError::WrongType {
+                    field: "created_at",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let e = Layout::check(&config("url_env: PG\ncolumns: {order: meta}\n"), &cols);
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "outbox table outbox: columns.order `meta` is text, it must be an integer in insert order (bigserial)"
+        );
+        cols[5].type_name = "json".into();
+        assert!(Layout::check(&config("url_env: PG\ncolumns: {headers: meta}\n"), &cols).is_ok());
+        let mut numeric = debezium();
+        numeric[0].type_name = "numeric".into();
+        let layout = Layout::check(&config("url_env: PG\n"), &numeric).unwrap();
+        assert!(layout.delete_sql().ends_with("ANY($1::text[]::numeric[])"));
+    }
+
+    #[test]
+    fn the_lock_key_of_a_table_is_the_fnv1a_hash_of_its_name() {
+        // Every relay of a table, of any version, must take the same locks.
+        assert_eq!(table_key(""), 0x811c_9dc5_u32 as i32);
+        assert_eq!(table_key("a"), 0xe40c_292c_u32 as i32);
+        let c = config("url_env: PG\ntable: orders_outbox\nshards: 8\n");
+        let layout = Layout::check(&c, &debezium()).unwrap();
+        assert_eq!(layout.lock_keys(5), (table_key("orders_outbox"), 5));
+        assert_ne!(table_key("orders_outbox"), table_key("payments_outbox"));
+    }
 }
