@@ -19,12 +19,16 @@
 //! once (its ids are in the same Kafka transaction as its record), and at least once (it is
 //! deleted only after that transaction committed). See the README's outbox section.
 //!
-//! The parts, by role: [`table`] (the table's layout and the SQL run against it), [`row`]
-//! (a row as the record published), [`progress`] (the progress records, and the read back of
-//! a shard's last one), [`shard`] (taking shards, resolving one, a shard's round), [`batch`]
-//! (one batch: claim, publish, delete), [`conn`] (the database connection), [`start`] (a
-//! relay's start: layout, pipeline, topics), [`check`] (the table check of
-//! `onceflow validate --database`). This file holds the relay's state and its loop.
+//! The parts, by role (this file holds the relay's state and its loop):
+//!
+//! * [`start`]: a relay's start: the table's layout read, the pipeline, the topics checked.
+//! * [`table`]: the table's layout and the SQL run against it, pure.
+//! * [`conn`]: the database connection, its notifications, the read of the table's columns.
+//! * [`shard`]: taking shards, resolving one taken, a shard's round.
+//! * [`batch`]: one batch: claimed, published in one Kafka transaction, deleted.
+//! * [`row`]: a row as the record published, pure.
+//! * [`progress`]: the progress records (pure) and the read back of a shard's last one.
+//! * [`check`]: the table check of `onceflow validate --database`.
 
 mod batch;
 mod check;
