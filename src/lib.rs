@@ -20,6 +20,10 @@
 //!   of a record, no Kafka client or async type in sight.
 //! * [`engine`]: the loop of one job, thin: it polls, processes, lets the pure
 //!   [`engine::outcome`] decide what becomes of each record, and carries that out.
+//! * [`relay`]: the loop of a topology whose input is a PostgreSQL outbox table (the
+//!   outbox relay; [`job`] picks it or the engine), and everything of the outbox in one
+//!   folder: the table's layout and SQL, rows as records, progress records, shards,
+//!   batches, the connection, and the table check of `onceflow validate --database`.
 //! * [`txn`]: the transaction owner, the only caller of the transactional API (for the job
 //!   and `dlq replay` alike): lazy begin, commit order across
 //!   [participants](txn::Participant), abort and rewind, the error classifier.

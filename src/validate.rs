@@ -1,7 +1,8 @@
 //! `onceflow validate`'s checks that need a service: what only a broker can tell (its
 //! transaction timeout ceiling, whether the topics exist), what only the schema registry can
-//! (whether each Avro output's schema may be written under its subject), and whether a
-//! relay's outbox table is there. Everything that needs no service is [`crate::load`]'s.
+//! (whether each Avro output's schema may be written under its subject). Whether a relay's
+//! outbox table is there is [`crate::relay::check_outbox_table`]'s; everything that needs no
+//! service is [`crate::load`]'s.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,24 +13,6 @@ use crate::kafka::admin::{Admin, AdminError};
 use crate::load::Diagnostic;
 use crate::topology::lines::LineMap;
 use crate::topology::{PROTECTED_CLIENT_SETTINGS, Target, Topology};
-
-/// Checks the outbox table of a relay (its URL from the environment variable `url_env`
-/// names): it exists, and has the columns the topology tells the relay to use.
-pub fn check_outbox_table(topology: &Topology, file: &str, lines: &LineMap) -> Vec<Diagnostic> {
-    let at = Locator { file, lines };
-    let Some((i, outbox)) = topology
-        .inputs
-        .iter()
-        .enumerate()
-        .find_map(|(i, input)| input.postgres_outbox.as_ref().map(|o| (i, o)))
-    else {
-        return Vec::new();
-    };
-    match crate::relay::check_table(&topology.name, outbox) {
-        Ok(()) => Vec::new(),
-        Err(e) => vec![at.diag(&format!("inputs[{i}].postgres_outbox.table"), e.to_string())],
-    }
-}
 
 /// Checks `topology` against a running broker: `transaction.max.timeout.ms` must allow the
 /// topology's transaction timeout, and every input and output topic must exist. Every

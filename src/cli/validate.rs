@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::load;
 use crate::topology::env::Strictness;
 use crate::validate;
+use crate::{load, relay};
 
 #[derive(clap::Args)]
 pub struct ValidateArgs {
@@ -46,7 +46,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
             ));
         }
         if let (true, Some(topology)) = (args.database, &checked.topology) {
-            diagnostics.extend(validate::check_outbox_table(
+            diagnostics.extend(relay::check_outbox_table(
                 topology,
                 &file.display().to_string(),
                 &checked.lines,

@@ -1,7 +1,7 @@
 //! The `postgres_outbox` input of a topology: a relay from a PostgreSQL outbox table to
-//! Kafka, exactly once. The semantics live in [`crate::source::outbox`] and
-//! [`crate::relay`]; this is the model of the YAML section and its validation, and the
-//! origin "topic" its records carry ([`origin_topic`]).
+//! Kafka, exactly once. The semantics live in [`crate::relay`]; this is the model of the
+//! YAML section and its validation, and the origin "topic" its records carry
+//! ([`origin_topic`]).
 
 use serde::Deserialize;
 

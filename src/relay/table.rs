@@ -1,23 +1,14 @@
-//! The PostgreSQL outbox source: the statements a relay runs against an outbox table, its rows
-//! as records, and the progress records that say which rows a Kafka transaction published.
-//! Everything here is pure (SQL text, encodings); [`crate::relay`] carries it out.
+//! The outbox table as a relay sees it: its columns as the catalogue describes them, checked
+//! against the input's configuration ([`Layout::check`]), and the SQL statements a relay runs
+//! against it (claim, delete, count, the age of the oldest row, the shards' advisory locks).
+//! Pure: the connection ([`super::conn`]) runs them.
 
-use serde::{Deserialize, Serialize};
-
-use crate::record::{Origin, Record};
 use crate::topology::OutboxInput;
 use crate::topology::outbox::OutboxColumns;
 
-/// Header of every relayed record: the row's id, the key downstream deduplication uses.
-pub const EVENT_ID_HEADER: &str = "event-id";
-/// Header of every relayed record: the row's event type.
-pub const EVENT_TYPE_HEADER: &str = "event-type";
-/// Header of every relayed record: the row's aggregate type (what routes it by default).
-pub const AGGREGATE_TYPE_HEADER: &str = "aggregate-type";
-
 /// How the payload column is read, by its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PayloadType {
+enum PayloadType {
     /// `bytea`: the bytes as they are.
     Bytes,
     /// `jsonb`, `json`, `text` or another type PostgreSQL can cast to text: its text.
@@ -26,28 +17,28 @@ pub enum PayloadType {
 
 /// The outbox table as the relay found it at start.
 #[derive(Debug, Clone)]
-pub struct Layout {
-    pub table: String,
-    pub columns: OutboxColumns,
+pub(super) struct Layout {
+    table: String,
+    columns: OutboxColumns,
     /// The id column's type as PostgreSQL names it (`bigint`, `uuid`), to cast ids given as
     /// text back to it (so the primary key's index serves the deletes).
-    pub id_type: String,
+    id_type: String,
     /// The column rows are published in the order of.
-    pub order_by: String,
-    pub payload: PayloadType,
-    pub shards: u32,
+    order_by: String,
+    payload: PayloadType,
+    pub(super) shards: u32,
 }
 
 /// A column of the outbox table, as the catalogue describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Column {
-    pub name: String,
+pub(super) struct Column {
+    pub(super) name: String,
     /// `format_type` of the column: `bigint`, `uuid`, `jsonb`, `timestamp with time zone`...
-    pub type_name: String,
+    pub(super) type_name: String,
 }
 
 /// The columns of `table` (schema-qualified or on the search path), in order.
-pub const COLUMNS_SQL: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
+pub(super) const COLUMNS_SQL: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
      FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
      ORDER BY a.attnum";
 
@@ -77,7 +68,7 @@ pub enum LayoutError {
 
 impl Layout {
     /// Checks the table's columns against the input's configuration.
-    pub fn check(config: &OutboxInput, columns: &[Column]) -> Result<Layout, LayoutError> {
+    pub(super) fn check(config: &OutboxInput, columns: &[Column]) -> Result<Layout, LayoutError> {
         if columns.is_empty() {
             return Err(LayoutError::NoTable(config.table.clone()));
         }
@@ -187,7 +178,7 @@ impl Layout {
     /// Claims the next rows of a shard (`$1` shards, `$2` shard, `$3` how many), oldest
     /// first, locking them for the claiming transaction: id, aggregate type, aggregate id,
     /// type, payload, headers (text or NULL), insert time in ms (or NULL).
-    pub fn claim_sql(&self) -> String {
+    pub(super) fn claim_sql(&self) -> String {
         let c = &self.columns;
         let payload = match self.payload {
             PayloadType::Bytes => c.payload.clone(),
@@ -217,7 +208,7 @@ impl Layout {
     }
 
     /// Deletes rows by id (`$1`, ids as text).
-    pub fn delete_sql(&self) -> String {
+    pub(super) fn delete_sql(&self) -> String {
         format!(
             "DELETE FROM {} WHERE {} = ANY($1::text[]::{}[])",
             self.table, self.columns.id, self.id_type
@@ -225,13 +216,13 @@ impl Layout {
     }
 
     /// Rows waiting (a scan of the table: run it seldom while a backlog is large).
-    pub fn count_sql(&self) -> String {
+    pub(super) fn count_sql(&self) -> String {
         format!("SELECT count(*)::int8 FROM {}", self.table)
     }
 
     /// The age in ms of the next row to publish, by the order index (no row: none), when the
     /// table has `created_at`.
-    pub fn oldest_sql(&self) -> Option<String> {
+    pub(super) fn oldest_sql(&self) -> Option<String> {
         self.columns.created_at.as_ref().map(|t| {
             format!(
                 "SELECT (extract(epoch from (now() - {t})) * 1000)::int8 FROM {} ORDER BY {} LIMIT 1",
@@ -241,7 +232,7 @@ impl Layout {
     }
 
     /// The advisory lock of a shard: a pair of keys, the table's and the shard's.
-    pub fn lock_keys(&self, shard: u32) -> (i32, i32) {
+    pub(super) fn lock_keys(&self, shard: u32) -> (i32, i32) {
         (table_key(&self.table), shard as i32)
     }
 }
@@ -255,137 +246,6 @@ fn table_key(table: &str) -> i32 {
         h = h.wrapping_mul(0x0100_0193);
     }
     h as i32
-}
-
-/// One claimed row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
-    pub id: String,
-    pub aggregatetype: String,
-    pub aggregateid: String,
-    pub event_type: String,
-    pub payload: Option<Vec<u8>>,
-    /// The headers column's text (a JSON object), when there is one.
-    pub headers: Option<String>,
-    pub created_ms: Option<i64>,
-}
-
-/// Why a row cannot become a record.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("row {id}: headers column is not an object of strings: {message}")]
-pub struct RowError {
-    pub id: String,
-    pub message: String,
-}
-
-impl Row {
-    /// The record of the row: key = aggregate id, value = payload, headers `event-id`,
-    /// `event-type`, `aggregate-type` and those of the headers column. Its origin names the
-    /// table, the shard and (as offset) the id.
-    pub fn to_record(&self, table: &str, shard: u32) -> (Record, Option<RowError>) {
-        let mut headers = vec![
-            (EVENT_ID_HEADER.to_string(), self.id.clone().into_bytes()),
-            (
-                EVENT_TYPE_HEADER.to_string(),
-                self.event_type.clone().into_bytes(),
-            ),
-            (
-                AGGREGATE_TYPE_HEADER.to_string(),
-                self.aggregatetype.clone().into_bytes(),
-            ),
-        ];
-        let mut error = None;
-        if let Some(text) = &self.headers {
-            match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
-                Ok(map) => {
-                    for (k, v) in map {
-                        match v {
-                            serde_json::Value::String(s) => headers.push((k, s.into_bytes())),
-                            serde_json::Value::Null => {}
-                            other => headers.push((k, other.to_string().into_bytes())),
-                        }
-                    }
-                }
-                Err(e) => {
-                    error = Some(RowError {
-                        id: self.id.clone(),
-                        message: e.to_string(),
-                    })
-                }
-            }
-        }
-        let record = Record {
-            key: Some(self.aggregateid.clone().into_bytes()),
-            value: self.payload.clone(),
-            headers,
-            timestamp: self.created_ms,
-            origin: origin(table, shard, &self.id),
-        };
-        (record, error)
-    }
-}
-
-/// Where a row's record comes from: topic `postgres:<table>`, partition = shard, offset = id
-/// (or -1 for an id that is not a number).
-pub fn origin(table: &str, shard: u32, id: &str) -> Origin {
-    Origin {
-        topic: crate::topology::outbox::origin_topic(table).into(),
-        partition: shard as i32,
-        offset: id.parse().unwrap_or(-1),
-    }
-}
-
-/// What one Kafka transaction of a shard published: the ids of its rows. Written in that
-/// transaction to the shard's partition of the progress topic, keyed by table and shard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Progress {
-    pub table: String,
-    pub shard: u32,
-    /// Row ids, as text, in the order they were published.
-    pub ids: Vec<String>,
-    /// The relay instance that published them.
-    pub relay: String,
-    /// When the transaction was committed (ms since the epoch, the relay's clock).
-    pub at_ms: i64,
-}
-
-impl Progress {
-    /// The record key of a shard's progress.
-    pub fn key(table: &str, shard: u32) -> String {
-        format!("{table}/{shard}")
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        // A struct of strings and integers always serialises.
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// The progress in a record of the progress topic, if it is one of this table's shard.
-    pub fn decode(
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
-        table: &str,
-        shard: u32,
-    ) -> Option<Progress> {
-        if key != Some(Progress::key(table, shard).as_bytes()) {
-            return None;
-        }
-        serde_json::from_slice::<Progress>(value?)
-            .ok()
-            .filter(|p| p.table == table && p.shard == shard)
-    }
-}
-
-/// The transactional id of a shard's publisher: one per shard, whichever relay holds it, so
-/// that the relay taking a shard over fences the one that held it before.
-pub fn transactional_id(topology: &str, table: &str, shard: u32) -> String {
-    format!("onceflow.{topology}.outbox.{table}.{shard}")
-}
-
-/// The default topic of a row: `prefix` and its aggregate type (Debezium's
-/// `outbox.event.${routedByValue}`).
-pub fn default_topic(prefix: &str, aggregatetype: &str) -> String {
-    format!("{prefix}{aggregatetype}")
 }
 
 #[cfg(test)]
@@ -493,66 +353,77 @@ mod tests {
     }
 
     #[test]
-    fn a_row_is_a_record_keyed_by_its_aggregate() {
-        let row = Row {
-            id: "42".into(),
-            aggregatetype: "order".into(),
-            aggregateid: "o-7".into(),
-            event_type: "OrderPaid".into(),
-            payload: Some(br#"{"a":1}"#.to_vec()),
-            headers: Some(r#"{"trace":"t1","n":2,"z":null}"#.into()),
-            created_ms: Some(1000),
-        };
-        let (rec, err) = row.to_record("orders_outbox", 1);
-        assert!(err.is_none());
-        assert_eq!(rec.key.as_deref(), Some(&b"o-7"[..]));
-        let h: Vec<(&str, &[u8])> = rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
+    fn a_bytea_payload_is_claimed_as_it_is_with_the_headers_and_insert_time_columns_named() {
+        let mut cols = debezium();
+        cols[4].type_name = "bytea".into();
+        cols.push(Column {
+            name: "meta".into(),
+            type_name: "jsonb".into(),
+        });
+        cols.push(Column {
+            name: "at".into(),
+            type_name: "timestamp without time zone".into(),
+        });
+        let c =
+            config("url_env: PG\ntable: app.outbox\ncolumns: {headers: meta, created_at: at}\n");
+        let layout = Layout::check(&c, &cols).unwrap();
+        assert_eq!(layout.payload, PayloadType::Bytes);
         assert_eq!(
-            h,
-            [
-                ("event-id", &b"42"[..]),
-                ("event-type", b"OrderPaid"),
-                ("aggregate-type", b"order"),
-                ("n", b"2"),
-                ("trace", b"t1")
-            ]
+            layout.claim_sql(),
+            "SELECT id::text AS o_id, aggregatetype::text AS o_at, aggregateid::text AS o_ai, type::text AS o_ty, payload AS o_payload, meta::text AS o_headers, (extract(epoch from at) * 1000)::int8 AS o_created FROM app.outbox WHERE ($1::int4 = $1 AND $2::int4 = $2) ORDER BY id LIMIT $3::int8 FOR UPDATE SKIP LOCKED"
         );
-        assert_eq!(rec.origin, origin("orders_outbox", 1, "42"));
-        assert_eq!(&*rec.origin.topic, "postgres:orders_outbox");
-        let bad = Row {
-            headers: Some("[1]".into()),
-            ..row
-        };
-        assert!(bad.to_record("t", 0).1.is_some());
+        assert_eq!(
+            layout.oldest_sql().as_deref(),
+            Some(
+                "SELECT (extract(epoch from (now() - at)) * 1000)::int8 FROM app.outbox ORDER BY id LIMIT 1"
+            )
+        );
     }
 
     #[test]
-    fn progress_is_read_back_only_for_its_own_shard() {
-        let p = Progress {
-            table: "t".into(),
-            shard: 2,
-            ids: vec!["1".into(), "2".into()],
-            relay: "r".into(),
-            at_ms: 5,
-        };
-        let key = Progress::key("t", 2);
-        let bytes = p.encode();
-        assert_eq!(
-            Progress::decode(Some(key.as_bytes()), Some(&bytes), "t", 2),
-            Some(p.clone())
+    fn headers_insert_time_and_order_columns_of_another_type_are_refused() {
+        let mut cols = debezium();
+        cols.push(Column {
+            name: "meta".into(),
+            type_name: "text".into(),
+        });
+        let e = Layout::check(&config("url_env: PG\ncolumns: {headers: meta}\n"), &cols);
+        assert!(
+            matches!(&e, Err(LayoutError::WrongType { field: "headers", type_name, .. }) if type_name == "text"),
+            "{e:?}"
         );
-        assert_eq!(
-            Progress::decode(Some(key.as_bytes()), Some(&bytes), "t", 1),
-            None
+        let e = Layout::check(&config("url_env: PG\ncolumns: {created_at: meta}\n"), &cols);
+        assert!(
+            matches!(
+                &e,
+                Err(LayoutError::WrongType {
+                    field: "created_at",
+                    ..
+                })
+            ),
+            "{e:?}"
         );
-        assert_eq!(Progress::decode(Some(b"u/2"), Some(&bytes), "u", 2), None);
+        let e = Layout::check(&config("url_env: PG\ncolumns: {order: meta}\n"), &cols);
         assert_eq!(
-            Progress::decode(Some(key.as_bytes()), Some(b"{"), "t", 2),
-            None
+            e.unwrap_err().to_string(),
+            "outbox table outbox: columns.order `meta` is text, it must be an integer in insert order (bigserial)"
         );
+        cols[5].type_name = "json".into();
+        assert!(Layout::check(&config("url_env: PG\ncolumns: {headers: meta}\n"), &cols).is_ok());
+        let mut numeric = debezium();
+        numeric[0].type_name = "numeric".into();
+        let layout = Layout::check(&config("url_env: PG\n"), &numeric).unwrap();
+        assert!(layout.delete_sql().ends_with("ANY($1::text[]::numeric[])"));
+    }
+
+    #[test]
+    fn the_lock_key_of_a_table_is_the_fnv1a_hash_of_its_name() {
+        // Every relay of a table, of any version, must take the same locks.
+        assert_eq!(table_key(""), 0x811c_9dc5_u32 as i32);
+        assert_eq!(table_key("a"), 0xe40c_292c_u32 as i32);
+        let c = config("url_env: PG\ntable: orders_outbox\nshards: 8\n");
+        let layout = Layout::check(&c, &debezium()).unwrap();
+        assert_eq!(layout.lock_keys(5), (table_key("orders_outbox"), 5));
+        assert_ne!(table_key("orders_outbox"), table_key("payments_outbox"));
     }
 }
