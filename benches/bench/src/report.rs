@@ -667,13 +667,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .into_iter()
         .filter(|s| !s.is_cross_check())
         .collect();
-    let top = results
-        .iter()
-        .filter(|r| !r.spec.is_cross_check())
-        .filter_map(CellResult::records_per_s)
-        .fold(0.0, f64::max)
-        .max(1.0)
-        * 1.1;
+    let top = plot_top(results);
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let caption = format!(
@@ -713,13 +707,7 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         let color = COLORS[i % COLORS.len()];
         // Each mode a little to the side, so the range bars do not hide each other.
         let dx = (i as f64 - (n - 1.0) / 2.0) * 0.025;
-        let points: Vec<(f64, Summary)> = ps
-            .iter()
-            .enumerate()
-            .filter_map(|(x, p)| {
-                median_of(results, *p, *spec, CellResult::records_per_s).map(|s| (x as f64 + dx, s))
-            })
-            .collect();
+        let points = plot_points(results, &ps, *spec, dx);
         let style = ShapeStyle::from(&color).stroke_width(2);
         chart
             .draw_series(LineSeries::new(
@@ -757,6 +745,28 @@ pub fn plot(path: &Path, cfg: &BenchConfig, results: &[CellResult]) -> Result<()
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// The top of the plot's y axis: a tenth above the highest rate of any timed cell.
+fn plot_top(results: &[CellResult]) -> f64 {
+    results
+        .iter()
+        .filter(|r| !r.spec.is_cross_check())
+        .filter_map(CellResult::records_per_s)
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.1
+}
+
+/// A mode's median and range of records/s at each partition count it ran, at x = the
+/// count's index plus `dx`.
+fn plot_points(results: &[CellResult], ps: &[i32], spec: Spec, dx: f64) -> Vec<(f64, Summary)> {
+    ps.iter()
+        .enumerate()
+        .filter_map(|(x, p)| {
+            median_of(results, *p, spec, CellResult::records_per_s).map(|s| (x as f64 + dx, s))
+        })
+        .collect()
 }
 
 #[cfg(test)]

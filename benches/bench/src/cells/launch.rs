@@ -21,7 +21,6 @@ impl CellCtx<'_> {
         probe: &str,
         dir: &Path,
     ) -> Result<Vec<Proc>, BenchError> {
-        let cfg = self.cfg;
         let name = format!(
             "bench-{}-p{}-{}-r{}",
             self.run_id,
@@ -29,29 +28,21 @@ impl CellCtx<'_> {
             spec.label(),
             self.round
         );
-        let commit_ms = spec.commit_ms.unwrap_or(100);
-        let client = |args: &[&str]| {
-            let mut cmd = Command::new(&cfg.client_bin);
-            cmd.args(args)
-                .args(["--bootstrap-servers", self.bootstrap])
-                .args(["--record-size", &cfg.record_size.to_string()])
-                .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
-                .args(["--batch-size", &cfg.tuning.batch_size.to_string()]);
-            Proc::spawn(&spec.label(), cmd, CLIENT_READY).map(|p| vec![p])
-        };
         match spec.kind {
-            Kind::Produce => {
-                return client(&[
+            Kind::Produce => self.client(
+                spec,
+                &[
                     "--client",
                     "produce",
                     "--client-topic",
                     output,
                     "--records",
                     &self.records.to_string(),
-                ]);
-            }
-            Kind::Rpw => {
-                return client(&[
+                ],
+            ),
+            Kind::Rpw => self.client(
+                spec,
+                &[
                     "--client",
                     "rpw",
                     "--client-topic",
@@ -60,41 +51,78 @@ impl CellCtx<'_> {
                     output,
                     "--partitions",
                     &self.partitions.to_string(),
-                ]);
+                ],
+            ),
+            Kind::ProducerPerf | Kind::ConsumerPerf => Err(BenchError::Other(
+                "a cross-check is not a timed cell".into(),
+            )),
+            Kind::KStreams => self.kstreams(spec, &name, output, probe, dir),
+            Kind::Alos | Kind::Eos | Kind::EosOverlap => {
+                self.onceflow(spec, &name, output, probe, dir)
             }
-            Kind::ProducerPerf | Kind::ConsumerPerf => {
-                return Err(BenchError::Other(
-                    "a cross-check is not a timed cell".into(),
-                ));
-            }
-            Kind::KStreams => {
-                let libs = self.kstreams_libs.ok_or_else(|| {
-                    BenchError::Other("Kafka Streams libraries not fetched".into())
-                })?;
-                let mut cmd = Command::new(java());
-                cmd.args(&cfg.java_opts)
-                    .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
-                    .arg("-cp")
-                    .arg(format!("{}/*", libs.display()))
-                    .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
-                    .args(["--bootstrap-servers", self.bootstrap])
-                    .args(["--application-id", &name])
-                    .args(["--input", self.input, "--probe-input", probe])
-                    .args(["--output", output])
-                    .args(["--commit-interval-ms", &commit_ms.to_string()])
-                    .args(["--threads", "1"])
-                    .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
-                    .args(["--batch-size", &cfg.tuning.batch_size.to_string()])
-                    .arg("--state-dir")
-                    .arg(dir.join("state"));
-                return Ok(vec![Proc::spawn(
-                    "Kafka Streams",
-                    cmd,
-                    "onceflow-bench: running",
-                )?]);
-            }
-            Kind::Alos | Kind::Eos | Kind::EosOverlap => {}
         }
+    }
+
+    /// A ceiling client: this bench's own binary with `--client`.
+    fn client(&self, spec: Spec, args: &[&str]) -> Result<Vec<Proc>, BenchError> {
+        let cfg = self.cfg;
+        let mut cmd = Command::new(&cfg.client_bin);
+        cmd.args(args)
+            .args(["--bootstrap-servers", self.bootstrap])
+            .args(["--record-size", &cfg.record_size.to_string()])
+            .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
+            .args(["--batch-size", &cfg.tuning.batch_size.to_string()]);
+        Proc::spawn(&spec.label(), cmd, CLIENT_READY).map(|p| vec![p])
+    }
+
+    /// The Kafka Streams peer, one thread.
+    fn kstreams(
+        &self,
+        spec: Spec,
+        name: &str,
+        output: &str,
+        probe: &str,
+        dir: &Path,
+    ) -> Result<Vec<Proc>, BenchError> {
+        let cfg = self.cfg;
+        let commit_ms = spec.commit_ms.unwrap_or(100);
+        let libs = self
+            .kstreams_libs
+            .ok_or_else(|| BenchError::Other("Kafka Streams libraries not fetched".into()))?;
+        let mut cmd = Command::new(java());
+        cmd.args(&cfg.java_opts)
+            .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+            .arg("-cp")
+            .arg(format!("{}/*", libs.display()))
+            .arg(cfg.repo_dir()?.join("benches/kstreams/Bench.java"))
+            .args(["--bootstrap-servers", self.bootstrap])
+            .args(["--application-id", name])
+            .args(["--input", self.input, "--probe-input", probe])
+            .args(["--output", output])
+            .args(["--commit-interval-ms", &commit_ms.to_string()])
+            .args(["--threads", "1"])
+            .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
+            .args(["--batch-size", &cfg.tuning.batch_size.to_string()])
+            .arg("--state-dir")
+            .arg(dir.join("state"));
+        Ok(vec![Proc::spawn(
+            "Kafka Streams",
+            cmd,
+            "onceflow-bench: running",
+        )?])
+    }
+
+    /// onceflow's instances, `onceflow run` on a topology written for the cell.
+    fn onceflow(
+        &self,
+        spec: Spec,
+        name: &str,
+        output: &str,
+        probe: &str,
+        dir: &Path,
+    ) -> Result<Vec<Proc>, BenchError> {
+        let cfg = self.cfg;
+        let commit_ms = spec.commit_ms.unwrap_or(100);
         let guarantee = if spec.kind == Kind::Alos {
             "at_least_once"
         } else {
