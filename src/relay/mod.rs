@@ -17,7 +17,7 @@
 //! shard's last committed progress record with read_committed and deletes the rows it names
 //! without publishing them again. Only then does it claim. So a row is published at most
 //! once (its ids are in the same Kafka transaction as its record), and at least once (it is
-//! deleted only after that transaction committed). See the README's outbox section.
+//! deleted only after that transaction committed). See docs/outbox.md.
 //!
 //! The parts, by role (this file holds the relay's state and its loop):
 //!
