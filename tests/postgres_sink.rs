@@ -222,6 +222,19 @@ fn sink_config(table: &str, body: &str) -> onceflow::topology::PostgresOutput {
         .clone()
 }
 
+/// A sink of a topology named after `prefix` (and no other test), writing `table` as the
+/// output entry's `body` says, connected.
+fn connect_sink(
+    prefix: &str,
+    table: &str,
+    body: &str,
+) -> (PostgresSink, onceflow::topology::PostgresOutput, String) {
+    let config = sink_config(table, body);
+    let topology = unique(prefix);
+    let sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
+    (sink, config, topology)
+}
+
 fn rec(offset: i64, value: Value) -> Record {
     Record {
         key: None,
@@ -242,18 +255,16 @@ fn far() -> Instant {
 
 #[test]
 fn sink_arbitrates_versions_remembers_deletions_and_absorbs_replays() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("arbitrate");
-    db.exec(&format!(
-        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, name text)"
-    ));
-    let config = sink_config(
+    let (_serial, db) = serial_db();
+    let table = db.create_table(
+        "arbitrate",
+        "id bigint PRIMARY KEY, version bigint NOT NULL, name text",
+    );
+    let (mut sink, config, topology) = connect_sink(
+        "arbitrate",
         &table,
         "      id_columns: [id]\n      version_column: version\n      columns: {id: id, version: v, name: name}\n      delete_when: deleted\n",
     );
-    let topology = unique("arbitrate");
-    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
     let rows = |db: &Db| -> Vec<(i64, i64, String)> {
         db.query(&format!(
             "SELECT id, version, name FROM {table} ORDER BY id"
@@ -361,18 +372,16 @@ fn sink_arbitrates_versions_remembers_deletions_and_absorbs_replays() {
 
 #[test]
 fn sink_counts_increments_once_and_names_bad_records() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("counter");
-    db.exec(&format!(
-        "CREATE TABLE {table} (key text PRIMARY KEY, n bigint NOT NULL CHECK (n < 1000), last text)"
-    ));
-    let config = sink_config(
+    let (_serial, db) = serial_db();
+    let table = db.create_table(
+        "counter",
+        "key text PRIMARY KEY, n bigint NOT NULL CHECK (n < 1000), last text",
+    );
+    let (mut sink, _, topology) = connect_sink(
+        "counter",
         &table,
         "      id_columns: [key]\n      columns: {key: k, n: one, last: tag}\n      increment_columns: [n]\n",
     );
-    let topology = unique("counter");
-    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
     for offset in 0..10 {
         let k = if offset % 3 == 0 { "a" } else { "b" };
         sink.stage(&rec(
@@ -437,18 +446,16 @@ fn sink_counts_increments_once_and_names_bad_records() {
 
 #[test]
 fn sink_with_event_ids_applies_an_event_once_whatever_its_offsets() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("eventid");
-    db.exec(&format!(
-        "CREATE TABLE {table} (key text PRIMARY KEY, n bigint NOT NULL, tags text[])"
-    ));
-    let config = sink_config(
+    let (_serial, db) = serial_db();
+    let table = db.create_table(
+        "eventid",
+        "key text PRIMARY KEY, n bigint NOT NULL, tags text[]",
+    );
+    let (mut sink, _, _) = connect_sink(
+        "eventid",
         &table,
         "      id_columns: [key]\n      columns: {key: k, n: one, tags: tags}\n      increment_columns: [n]\n      event_id: {field: eid}\n",
     );
-    let topology = unique("eventid");
-    let mut sink = PostgresSink::connect_url(&topology, "db", &config, &pg_url()).expect("sink");
     // Event e1 twice in one batch (two offsets), e2 once; then e1 and e2 again on new
     // offsets with e3: each event counts once.
     let event = |offset, eid: &str| {
@@ -476,10 +483,8 @@ fn sink_with_event_ids_applies_an_event_once_whatever_its_offsets() {
 
 #[test]
 fn a_table_without_a_unique_key_on_the_ids_is_refused_at_start() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("nokey");
-    db.exec(&format!("CREATE TABLE {table} (id bigint, name text)"));
+    let (_serial, db) = serial_db();
+    let table = db.create_table("nokey", "id bigint, name text");
     let config = sink_config(
         &table,
         "      id_columns: [id]\n      columns: {id: id, nope: name}\n",
@@ -495,10 +500,8 @@ fn a_table_without_a_unique_key_on_the_ids_is_refused_at_start() {
 
 #[test]
 fn two_outputs_naming_one_table_differently_are_refused_at_start() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("twice");
-    db.exec(&format!("CREATE TABLE {table} (id bigint PRIMARY KEY)"));
+    let (_serial, db) = serial_db();
+    let table = db.create_table("twice", "id bigint PRIMARY KEY");
     // `t` and `public.t` pass validation (different names) but are one table.
     let columns = "      id_columns: [id]\n      columns: {id: id}\n";
     let text = format!(
@@ -541,12 +544,8 @@ fn state_event(id: u64, v: u64, deleted: bool) -> (String, Value) {
 
 #[test]
 fn latest_version_wins_over_duplicates_and_disorder() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("latest");
-    db.exec(&format!(
-        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, name text NOT NULL, amount numeric(12,2), tags jsonb)"
-    ));
+    let (_serial, db) = serial_db();
+    let table = db.create_table("latest", "id bigint PRIMARY KEY, version bigint NOT NULL, name text NOT NULL, amount numeric(12,2), tags jsonb");
     let input = unique("latest-in");
     create_topics(&[&input], 4);
 
@@ -734,8 +733,7 @@ fn assert_counted_once(
 #[test]
 fn crashes_between_the_database_commit_and_the_kafka_commit_count_each_event_once() {
     use std::os::unix::process::ExitStatusExt;
-    let _serial = serial();
-    let db = Db::connect();
+    let (_serial, db) = serial_db();
     let (events_table, counts_table, outputs) = counting_tables(&db, "crash");
     let input = unique("pgcrash-in");
     create_topics(&[&input], 4);
@@ -790,8 +788,7 @@ fn crashes_between_the_database_commit_and_the_kafka_commit_count_each_event_onc
 
 #[test]
 fn a_database_restart_mid_run_loses_nothing() {
-    let _serial = serial();
-    let db = Db::connect();
+    let (_serial, db) = serial_db();
     let (events_table, counts_table, outputs) = counting_tables(&db, "restart");
     let input = unique("pgrestart-in");
     create_topics(&[&input], 4);
@@ -874,8 +871,7 @@ fn checked_event(id: u64) -> (String, Value) {
 
 #[test]
 fn a_record_the_database_refuses_goes_to_the_dead_letter_topic_and_its_partition_flows() {
-    let _serial = serial();
-    let db = Db::connect();
+    let (_serial, db) = serial_db();
     let (plain, checked) = (table_name("plain"), table_name("checked"));
     db.exec(&format!(
         "CREATE TABLE {plain} (id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL);
@@ -995,12 +991,8 @@ fn a_record_the_database_refuses_goes_to_the_dead_letter_topic_and_its_partition
 
 #[test]
 fn with_on_error_fail_a_refused_record_stops_the_job_naming_it() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("check");
-    db.exec(&format!(
-        "CREATE TABLE {table} (id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL CHECK (amount >= 0))"
-    ));
+    let (_serial, db) = serial_db();
+    let table = db.create_table("check", "id bigint PRIMARY KEY, version bigint NOT NULL, amount numeric NOT NULL CHECK (amount >= 0)");
     let input = unique("pgcheck-in");
     create_topics(&[&input], 1);
     let event = |id: u64, amount: i64| {
@@ -1073,10 +1065,8 @@ fn pg_ca() -> String {
 
 #[test]
 fn connections_are_encrypted_and_the_server_verified_as_the_url_says() {
-    let _serial = serial();
-    let db = Db::connect();
-    let table = table_name("tls");
-    db.exec(&format!("CREATE TABLE {table} (id bigint PRIMARY KEY)"));
+    let (_serial, db) = serial_db();
+    let table = db.create_table("tls", "id bigint PRIMARY KEY");
     let config = sink_config(&table, "      id_columns: [id]\n      columns: {id: id}\n");
     let (by_ip, ca) = (pg_url(), pg_ca());
     let by_name = by_ip.replace("127.0.0.1", "localhost");
@@ -1177,8 +1167,7 @@ fn sequenced_rows(db: &Db, table: &str) -> BTreeMap<u64, (u64, String)> {
 
 #[test]
 fn sink_finds_sequence_gaps_against_the_row_and_within_the_batch() {
-    let _serial = serial();
-    let db = Db::connect();
+    let (_serial, db) = serial_db();
     let table = sequenced_table(&db, "seqsink");
     let config = sink_config(&table, &sequenced_columns("dead_letter"));
     let mut sink =
@@ -1347,8 +1336,7 @@ fn scrape(addr: &str, name: &str, label: &str) -> Option<f64> {
 
 #[test]
 fn sequence_gaps_are_counted_dead_lettered_or_stop_the_job_as_on_sequence_gap_says() {
-    let _serial = serial();
-    let db = Db::connect();
+    let (_serial, db) = serial_db();
     let input = unique("gaps-in");
     create_topics(&[&input], 2);
     let (events, holes) = gap_events();

@@ -603,6 +603,13 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A PostgreSQL test's start: the database to itself for as long as it holds the guard
+/// ([`serial`]), and its own connection.
+pub fn serial_db() -> (std::sync::MutexGuard<'static, ()>, Db) {
+    let guard = serial();
+    (guard, Db::connect())
+}
+
 /// A test's own connection to the database.
 pub struct Db {
     /// The runtime the connection's task runs on.
@@ -656,6 +663,14 @@ impl Db {
     pub fn query(&self, sql: &str) -> Vec<tokio_postgres::Row> {
         self.try_query(sql)
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    }
+
+    /// Creates a table no other test uses (its name from `prefix`) with `columns`, the
+    /// inside of `CREATE TABLE name (...)`; its name.
+    pub fn create_table(&self, prefix: &str, columns: &str) -> String {
+        let table = unique(prefix).replace('-', "_");
+        self.exec(&format!("CREATE TABLE {table} ({columns})"));
+        table
     }
 
     /// The first column of the first row of `sql`, a count.
