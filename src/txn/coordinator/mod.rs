@@ -9,8 +9,9 @@
 #[cfg(test)]
 mod fixture;
 mod overlap;
+mod participants;
+mod refusals;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,16 +25,17 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use super::classify::{TxnAction, classify, retries_call, traits_of};
 use super::collector::{self, Collector};
 use super::offsets::TxnOffsets;
-use super::participant::{Participant, ParticipantError, Severity};
 use super::producer::{Calls, Producer};
 use super::{AbortReason, TxnError};
 use crate::histogram::Histogram;
 use crate::lineage::Lineage;
-use crate::record::{Origin, Record, RecordError};
+use crate::record::{Origin, Record};
 use crate::retry;
 use crate::telemetry::{self, health::Health, metrics::TopicCounts};
 use crate::topology::Guarantee;
 use overlap::{IN_FLIGHT_POLL, Keep, Overlap};
+use participants::Participants;
+use refusals::Refusals;
 
 /// When a transaction is due, and how long client calls may take.
 #[derive(Debug, Clone)]
@@ -121,10 +123,6 @@ pub enum Added {
     Aborted,
 }
 
-/// Refused records remembered at most; past it the memory starts over (a record forgotten
-/// is refused again and found again, at the cost of one more aborted transaction).
-const MAX_REFUSED: usize = 10_000;
-
 /// The consumed record an addition to the transaction is for.
 #[derive(Debug, Clone, Copy)]
 pub struct Consumed<'a> {
@@ -171,14 +169,9 @@ pub struct Txn {
     health: Arc<Health>,
     span: tracing::Span,
     /// Outputs outside Kafka, committed right before the Kafka transaction.
-    participants: Vec<Box<dyn Participant>>,
-    participant_commits: u64,
-    /// Whether the participants took something of the record being added.
-    staged: bool,
-    /// Records a participant refused (permanent errors naming them) in an aborted
-    /// transaction: when they come again after the rewind, they are handled as failed
-    /// records instead of being processed again.
-    refused: HashMap<Origin, RecordError>,
+    participants: Participants,
+    /// Records a participant refused in an aborted transaction.
+    refused: Refusals,
     /// A record consumed but not added, whose partition a rewind must also take back
     /// ([`Txn::commit_before`]).
     in_hand: Option<Origin>,
@@ -215,71 +208,11 @@ impl Txn {
             filtered: 0,
             health,
             span: tracing::Span::none(),
-            participants: Vec::new(),
-            participant_commits: 0,
-            staged: false,
-            refused: HashMap::new(),
+            participants: Participants::default(),
+            refused: Refusals::default(),
             in_hand: None,
             overlap: Overlap::default(),
         })
-    }
-
-    /// Gives the transaction outputs outside Kafka: they commit right before it does.
-    pub fn with_participants(mut self, participants: Vec<Box<dyn Participant>>) -> Txn {
-        self.participants = participants;
-        self
-    }
-
-    pub fn has_participants(&self) -> bool {
-        !self.participants.is_empty()
-    }
-
-    /// Stages what the pipeline made of a consumed record in the participants; call it right
-    /// before [`Txn::add`] of the same record. An error names a record some participant
-    /// cannot take; nothing of it stays staged in any.
-    pub fn stage(&mut self, produced: &[(usize, Record)]) -> Result<(), ParticipantError> {
-        self.staged = false;
-        let failed = self
-            .participants
-            .iter_mut()
-            .find_map(|p| p.stage(produced).err());
-        if let Some(e) = failed {
-            // Whatever the others took of this record goes too: a record is written whole
-            // or not at all.
-            if let Some((_, rec)) = produced.first() {
-                for p in &mut self.participants {
-                    p.discard_record(&rec.origin);
-                }
-            }
-            return Err(e);
-        }
-        self.staged = !produced.is_empty();
-        Ok(())
-    }
-
-    /// Why a participant refused the record at `origin` in an aborted transaction, if it
-    /// did: the engine handles it as a failed record (by default, dead-letters it) instead of
-    /// processing it again. The refusal is remembered until a commit moves past the record:
-    /// the transaction that dead-letters it may itself be aborted (another record refused)
-    /// and the record come once more.
-    pub fn refused(&self, origin: &Origin) -> Option<RecordError> {
-        if self.refused.is_empty() {
-            return None;
-        }
-        self.refused.get(origin).cloned()
-    }
-
-    /// Forgets the refusals of records this commit moved past.
-    fn forget_refusals_committed(&mut self) {
-        if self.refused.is_empty() {
-            return;
-        }
-        let offsets = &self.offsets;
-        self.refused.retain(|o, _| {
-            !offsets
-                .to_commit()
-                .any(|(t, p, next)| p == o.partition && t == &*o.topic && next > o.offset)
-        });
     }
 
     pub fn stats(&self) -> &TxnStats {
@@ -314,7 +247,7 @@ impl Txn {
             && (self.records >= self.settings.max_records
                 || self.collector.bytes >= self.settings.max_bytes
                 || now >= self.opened_at + self.settings.commit_interval
-                || self.participants.iter().any(|p| p.is_full()))
+                || self.participants.any_full())
     }
 
     /// The consumer found nothing to read: with no transaction open there is nothing to
@@ -392,7 +325,7 @@ impl Txn {
             }
         }
         self.consumed.add(&origin.topic, consumed.bytes);
-        if outputs.is_empty() && !std::mem::take(&mut self.staged) {
+        if outputs.is_empty() && !self.participants.take_staged() {
             self.filtered += 1;
         }
         self.records += 1;
@@ -479,76 +412,6 @@ impl Txn {
         telemetry::txn_committed(self.records, outputs, took);
         self.health.progressed();
         self.reset();
-    }
-
-    /// Every participant prepares, and only when all have does any commit: a record one of
-    /// them refuses leaves nothing in the others. (A failure between two of the commits is
-    /// one of the crashes the participants absorb: the Kafka transaction does not commit, and
-    /// the batch comes again.) Transient errors are retried while the transaction has time
-    /// (a fifth of its timeout is kept for the Kafka commit).
-    fn commit_participants(&mut self) -> Result<(), ParticipantError> {
-        let deadline = self.opened_at + self.settings.operation_timeout.mul_f64(0.8);
-        let failed = self
-            .participants
-            .iter_mut()
-            .find_map(|p| p.prepare(deadline).err());
-        if let Some(e) = failed {
-            // Rolls back what the others prepared: the Kafka transaction aborts too.
-            for p in &mut self.participants {
-                p.discard();
-            }
-            return Err(e);
-        }
-        for p in &mut self.participants {
-            if p.commit()? {
-                self.participant_commits += 1;
-                if self.settings.exit_after_participant_commit == Some(self.participant_commits) {
-                    telemetry::failpoint_exit_after_db_commit(self.participant_commits);
-                    std::process::abort();
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A participant could not commit: nothing of the transaction may. Records it refused
-    /// are remembered, and handled as failed records when they come again after the rewind
-    /// (the records consumed before them may have been sent to Kafka outputs already; only
-    /// an abort takes them back).
-    fn participants_failed<C: ConsumerContext>(
-        &mut self,
-        consumer: &BaseConsumer<C>,
-        e: ParticipantError,
-    ) -> Result<Committed, TxnError> {
-        let refusals = e.refusals();
-        let detail = e.to_string();
-        match e.severity() {
-            Severity::Permanent if refusals.iter().any(|r| r.origin.is_some()) => {
-                if self.refused.len() >= MAX_REFUSED {
-                    self.refused.clear();
-                }
-                for refusal in refusals {
-                    telemetry::participant_refused(
-                        refusal.by,
-                        refusal.origin.as_ref(),
-                        &refusal.failure,
-                    );
-                    if let Some(origin) = refusal.origin {
-                        self.refused.insert(origin, refusal.failure);
-                    }
-                }
-                self.abort_and_rewind(consumer, AbortReason::SinkRefused, &detail)?;
-                Ok(Committed::Aborted)
-            }
-            Severity::Transient => {
-                self.abort_and_rewind(consumer, AbortReason::SinkFailed, &detail)?;
-                Ok(Committed::Aborted)
-            }
-            _ => {
-                self.abort_and_rewind(consumer, AbortReason::SinkFailed, &detail)?;
-                Err(TxnError::Participant(e))
-            }
-        }
     }
 
     fn try_commit<C: ConsumerContext>(
@@ -777,10 +640,7 @@ impl Txn {
     }
 
     fn reset(&mut self) {
-        for p in &mut self.participants {
-            p.discard();
-        }
-        self.staged = false;
+        self.participants.discard();
         self.consumed.discard();
         self.collector.discard();
         self.filtered = 0;
@@ -851,109 +711,7 @@ fn retry_call<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::ErrorKind;
     use crate::txn::coordinator::fixture::*;
-
-    #[test]
-    fn every_participant_prepares_before_any_commits_then_kafka_commits() {
-        let mut f = fixture(None);
-        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Nothing);
-        add(&mut f, &origin(0, 0));
-        add(&mut f, &origin(1, 0));
-        assert!(f.txn.is_open());
-        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
-        assert_eq!(
-            log(&f),
-            [
-                "first prepare",
-                "second prepare",
-                "first commit",
-                "second commit",
-                "first discard",
-                "second discard"
-            ]
-        );
-        let stats = f.txn.stats();
-        assert_eq!((stats.committed, stats.aborted), (1, 0));
-        assert_eq!(stats.records_committed, 2);
-        assert_eq!(stats.commit_durations.count(), 1);
-        assert_eq!(stats.commit_steps.deliveries.count(), 1);
-        assert_eq!(stats.commit_steps.offsets.count(), 1);
-        assert_eq!(stats.commit_steps.end.count(), 1);
-        assert!(!f.txn.is_open());
-    }
-
-    #[test]
-    fn a_refused_record_aborts_the_transaction_and_is_remembered_until_a_commit_passes_it() {
-        let mut f = fixture(None);
-        let refused = origin(0, 1);
-        add(&mut f, &origin(0, 0));
-        add(&mut f, &refused);
-        *f.fail_second.lock().unwrap() = Some(StubError {
-            severity: Severity::Permanent,
-            refused: Some(refused.clone()),
-        });
-        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
-        assert_eq!(
-            log(&f)[..3],
-            ["first prepare", "second prepare", "first discard"],
-            "a failed prepare rolls back the others; none commits"
-        );
-        assert_eq!(f.txn.stats().aborted, 1);
-        assert_eq!(f.txn.stats().committed, 0);
-        let failure = f.txn.refused(&refused).expect("remembered");
-        assert_eq!(failure.kind, ErrorKind::Rejected);
-        assert_eq!(f.txn.refused(&origin(0, 0)), None);
-        // The records come again; the refused one is now handled as failed (added without
-        // output), and a commit past it forgets it.
-        add(&mut f, &origin(0, 0));
-        assert_eq!(
-            f.txn
-                .add(&f.consumer, Consumed::at(&refused, 1), &[])
-                .unwrap(),
-            Added::Yes
-        );
-        assert!(
-            f.txn.refused(&refused).is_some(),
-            "kept until a commit passes it"
-        );
-        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
-        assert_eq!(f.txn.refused(&refused), None);
-    }
-
-    #[test]
-    fn a_transient_participant_failure_aborts_and_a_fatal_one_stops() {
-        let mut f = fixture(None);
-        add(&mut f, &origin(0, 0));
-        *f.fail_second.lock().unwrap() = Some(StubError {
-            severity: Severity::Transient,
-            refused: None,
-        });
-        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
-        assert_eq!(f.txn.refused(&origin(0, 0)), None);
-        add(&mut f, &origin(0, 0));
-        *f.fail_second.lock().unwrap() = Some(StubError {
-            severity: Severity::Fatal,
-            refused: None,
-        });
-        let err = f.txn.commit(&f.consumer).expect_err("fatal");
-        assert!(matches!(err, TxnError::Participant(_)), "{err}");
-        assert_eq!(f.txn.stats().aborted, 2);
-        assert!(!f.txn.is_open(), "aborted before stopping");
-    }
-
-    #[test]
-    fn a_full_participant_makes_the_transaction_due() {
-        let mut f = fixture(None);
-        let now = Instant::now();
-        assert!(!f.txn.is_due(now), "nothing open");
-        add(&mut f, &origin(0, 0));
-        add(&mut f, &origin(0, 1));
-        assert!(!f.txn.is_due(now));
-        add(&mut f, &origin(0, 2));
-        assert!(f.txn.is_due(now), "the stubs are full at 3 records");
-        assert!(f.txn.due_in(now).is_some());
-    }
 
     #[test]
     fn the_failpoint_aborts_every_nth_transaction() {
