@@ -8,26 +8,23 @@
 
 #[cfg(test)]
 mod fixture;
+mod kafka_commit;
 mod overlap;
 mod participants;
 mod refusals;
 mod rewind;
+mod stats;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, ConsumerGroupMetadata,
-};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::producer::Producer as _;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 
-use super::collector::{self, Collector};
+use super::collector::Collector;
 use super::offsets::TxnOffsets;
-use super::producer::{Calls, Producer};
+use super::producer::Producer;
 use super::{AbortReason, TxnError};
-use crate::histogram::Histogram;
 use crate::lineage::Lineage;
 use crate::record::{Origin, Record};
 use crate::telemetry::{self, health::Health, metrics::TopicCounts};
@@ -35,6 +32,8 @@ use crate::topology::Guarantee;
 use overlap::{IN_FLIGHT_POLL, Keep, Overlap};
 use participants::Participants;
 use refusals::Refusals;
+
+pub use stats::{CommitSteps, TxnStats};
 
 /// When a transaction is due, and how long client calls may take.
 #[derive(Debug, Clone)]
@@ -54,52 +53,6 @@ pub struct TxnSettings {
     /// Whether the loop goes on consuming and processing while a transaction commits (see
     /// [`Txn::commit_in_background`]).
     pub overlap_commits: bool,
-}
-
-/// Totals since the job started, counting committed work only.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TxnStats {
-    pub committed: u64,
-    pub aborted: u64,
-    pub records_committed: u64,
-    pub outputs_committed: u64,
-    pub producer_rebuilds: u64,
-    /// How long each committed transaction took to commit: waiting for its deliveries,
-    /// sending the offsets and committing (under at-least-once: the offset commit).
-    pub commit_durations: Histogram,
-    /// The same commits, step by step.
-    pub commit_steps: CommitSteps,
-}
-
-/// How long each step of the committed transactions' commits took: where a commit's pause
-/// goes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CommitSteps {
-    /// Waiting for the transaction's last deliveries (the outputs outside Kafka committing
-    /// first included).
-    pub deliveries: Histogram,
-    /// `send_offsets_to_transaction`: AddOffsetsToTxn to the transaction coordinator, then
-    /// TxnOffsetCommit to the group coordinator (under at-least-once: the offset commit).
-    pub offsets: Histogram,
-    /// `commit_transaction`: EndTxn (none under at-least-once).
-    pub end: Histogram,
-}
-
-/// When each step of one commit ended.
-#[derive(Debug, Clone, Copy)]
-struct StepTimes {
-    started: Instant,
-    delivered: Instant,
-    offsets_sent: Instant,
-    ended: Instant,
-}
-
-impl CommitSteps {
-    fn record(&mut self, t: StepTimes) {
-        self.deliveries.record(t.delivered - t.started);
-        self.offsets.record(t.offsets_sent - t.delivered);
-        self.end.record(t.ended - t.offsets_sent);
-    }
 }
 
 /// What became of a commit request.
@@ -413,57 +366,6 @@ impl Txn {
         self.reset();
     }
 
-    fn try_commit<C: ConsumerContext>(
-        &mut self,
-        consumer: &BaseConsumer<C>,
-        started: Instant,
-    ) -> KafkaResult<StepTimes> {
-        if !self.producer.transactional() {
-            // At-least-once: every output acknowledged first; then the offsets may move.
-            await_deliveries(self.producer.client(), self.settings.operation_timeout)?;
-            let delivered = Instant::now();
-            consumer.commit(&self.offsets_to_commit()?, CommitMode::Sync)?;
-            let now = Instant::now();
-            return Ok(StepTimes {
-                started,
-                delivered,
-                offsets_sent: now,
-                ended: now,
-            });
-        }
-        let (offsets, metadata) = self.commit_request(consumer)?;
-        let calls = self.producer.calls();
-        let steps = end_transaction(
-            &calls,
-            &offsets,
-            &metadata,
-            self.settings.operation_timeout,
-            started,
-        )?;
-        self.producer.committed();
-        Ok(steps)
-    }
-
-    fn offsets_to_commit(&self) -> KafkaResult<TopicPartitionList> {
-        let mut tpl = TopicPartitionList::new();
-        for (topic, partition, next) in self.offsets.to_commit() {
-            tpl.add_partition_offset(topic, partition, Offset::Offset(next))?;
-        }
-        Ok(tpl)
-    }
-
-    /// What the Kafka commit of the open transaction sends: its offsets, and the group
-    /// metadata that fences a zombie of this consumer.
-    fn commit_request<C: ConsumerContext>(
-        &self,
-        consumer: &BaseConsumer<C>,
-    ) -> KafkaResult<(TopicPartitionList, ConsumerGroupMetadata)> {
-        let metadata = consumer
-            .group_metadata()
-            .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
-        Ok((self.offsets_to_commit()?, metadata))
-    }
-
     fn reset(&mut self) {
         self.participants.discard();
         self.consumed.discard();
@@ -474,38 +376,6 @@ impl Txn {
         self.offsets.clear();
         self.records = 0;
     }
-}
-
-/// Waits for every delivery of the producer: a record that failed fails the transaction (and
-/// commit_transaction's own flush sleeps 100 ms whenever anything is in flight).
-fn await_deliveries(client: &collector::Client, timeout: Duration) -> KafkaResult<()> {
-    collector::drain(client, timeout)?;
-    match client.context().take_error() {
-        Some(err) => Err(err),
-        None => Ok(()),
-    }
-}
-
-/// The Kafka side of a transaction's commit, on whichever thread runs it: every delivery
-/// awaited, the consumed offsets sent, the transaction ended.
-fn end_transaction(
-    calls: &Calls,
-    offsets: &TopicPartitionList,
-    metadata: &ConsumerGroupMetadata,
-    timeout: Duration,
-    started: Instant,
-) -> KafkaResult<StepTimes> {
-    await_deliveries(calls.client(), timeout)?;
-    let delivered = Instant::now();
-    calls.send_offsets(offsets, metadata)?;
-    let offsets_sent = Instant::now();
-    calls.end()?;
-    Ok(StepTimes {
-        started,
-        delivered,
-        offsets_sent,
-        ended: Instant::now(),
-    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 
-use super::{Added, Committed, Consumed, Outgoing, StepTimes, Txn, end_transaction};
+use super::kafka_commit::{StepTimes, end_transaction};
+use super::{Added, Committed, Consumed, Outgoing, Txn};
 use crate::record::{Origin, Record};
 use crate::txn::collector;
 use crate::txn::{AbortReason, TxnError};
