@@ -101,8 +101,8 @@ impl Txn {
         self.reset();
     }
 
-    /// Replaces a producer that failed fatally (as [`super::producer::Rebuilds`] allows), and
-    /// rewinds.
+    /// Replaces a producer that failed fatally (as [`crate::txn::producer::Rebuilds`]
+    /// allows), and rewinds.
     fn rebuild<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
