@@ -5,6 +5,22 @@
 //! and the consumed offsets, and commits when it is due (time, records, bytes, or a full
 //! participant). Every error goes through [`super::classify`]: retry the same call, abort and
 //! rewind, or rebuild the producer once.
+//!
+//! The parts, by role (this file holds the transaction's state, its begin and additions, and
+//! the commit's order):
+//!
+//! * [`participants`]: outputs outside Kafka: what each record leaves staged in them, their
+//!   commit right before Kafka's, the transaction's outcome when one fails.
+//! * [`refusals`]: the records a participant refused, handled as failed records when they
+//!   come again after the rewind.
+//! * [`kafka_commit`]: the Kafka side of a commit (deliveries awaited, offsets sent, EndTxn;
+//!   under at-least-once, the consumer's offset commit), here or in the background.
+//! * [`overlap`]: the commit in the background, the records held meanwhile and their release.
+//! * [`rewind`]: what follows a transaction that cannot commit: the classifier's decision,
+//!   the abort, the rewind to the committed offsets, the producer's rebuild.
+//! * [`stats`]: the totals since the job started ([`TxnStats`], [`CommitSteps`]).
+//! * `fixture` (tests only): stub participants and the mock cluster the tests of every part
+//!   run on.
 
 #[cfg(test)]
 mod fixture;
