@@ -7,7 +7,8 @@
 //! * [`collector`]: sending records and tracking their deliveries (a failed delivery fails
 //!   its transaction; a commit waits for every delivery first).
 //! * [`coordinator`]: the transaction's state ([`Txn`]): lazy begin, when it is due, the
-//!   commit order (participants, then Kafka), abort and rewind, refused records.
+//!   commit order (participants, then Kafka), a commit in the background, abort and rewind,
+//!   refused records.
 //! * [`participant`]: the trait of outputs outside Kafka that commit with it.
 //! * [`classify`]: what an error means (retry, abort and rewind, fatal, or the consumer's
 //!   membership lost), pure.
