@@ -42,8 +42,8 @@ use crate::kafka::Cluster;
 use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
 use crate::lineage;
+use crate::pg::{self, PgError};
 use crate::sink::postgres::batch::{Mapping, Staged};
-use crate::sink::postgres::{self, PostgresError, sql};
 use crate::topology::{PostgresOutput, Processor, Target, Topology};
 use crate::transform::Pipeline;
 use counts::{Chunk, Counts, Slots};
@@ -61,10 +61,7 @@ pub enum ReconcileError {
     #[error("schema registry: {0}")]
     Registry(String),
     #[error("postgres output `{output}`: {error}")]
-    Postgres {
-        output: String,
-        error: PostgresError,
-    },
+    Postgres { output: String, error: PgError },
     #[error("reading {topic}: no progress for {}s on partitions {pending:?}, which hold no hanging transaction", .idle.as_secs())]
     Stalled {
         topic: String,
@@ -187,15 +184,15 @@ fn database(
         Option<postgres_openssl::MakeTlsConnector>,
         tokio::runtime::Runtime,
     ),
-    PostgresError,
+    PgError,
 > {
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| PostgresError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = postgres::client_config(&url, &config.url_env, "onceflow/reconcile")?;
+    let url =
+        std::env::var(&config.url_env).map_err(|_| PgError::MissingUrl(config.url_env.clone()))?;
+    let (pg, tls) = pg::client_config(&url, &config.url_env, "onceflow/reconcile")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(PostgresError::Runtime)?;
+        .map_err(PgError::Runtime)?;
     Ok((pg, tls, runtime))
 }
 
@@ -803,13 +800,13 @@ fn read_inbox(
     s: &mut Stream,
     inputs: &[&str],
     ranges: &[Ranges],
-) -> Result<u64, PostgresError> {
+) -> Result<u64, PgError> {
     use futures_util::{StreamExt, pin_mut};
     let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
-    let origins = sql::qualified(&sql::origins_table(&config.inbox_table));
+    let origins = pg::qualified(&pg::origins_table(&config.inbox_table));
     runtime.block_on(async {
-        let (client, task) = postgres::open(&pg, &tls).await?;
+        let (client, task) = pg::open(&pg, &tls).await?;
         let query = format!(
             "SELECT origin_topic, origin_partition, origin_offset FROM {origins} WHERE consumer = $1"
         );
@@ -852,7 +849,7 @@ impl Absorbed {
         topology: &Topology,
         postgres_outputs: &[(usize, &str, &PostgresOutput)],
         tallies: &mut BTreeMap<i32, PartitionTally>,
-    ) -> Result<(), (String, PostgresError)> {
+    ) -> Result<(), (String, PgError)> {
         let pending = std::mem::take(&mut self.pending);
         if pending.is_empty() {
             return Ok(());
@@ -893,12 +890,12 @@ fn known_messages(
     output: &str,
     config: &PostgresOutput,
     mids: &[&str],
-) -> Result<std::collections::HashSet<String>, PostgresError> {
+) -> Result<std::collections::HashSet<String>, PgError> {
     let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
-    let inbox = sql::qualified(&config.inbox_table);
+    let inbox = pg::qualified(&config.inbox_table);
     runtime.block_on(async {
-        let (client, task) = postgres::open(&pg, &tls).await?;
+        let (client, task) = pg::open(&pg, &tls).await?;
         let query = format!(
             "SELECT message_id FROM {inbox} WHERE consumer = $1 AND message_id = ANY($2::text[])"
         );

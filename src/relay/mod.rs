@@ -34,9 +34,9 @@ use crate::dlq::format::{Failure, dead_letter};
 use crate::instance::{Identity, RunOptions, Summary};
 use crate::kafka::admin::Admin;
 use crate::kafka::{Cluster, clients};
+use crate::pg::{PgError as PostgresError, client_config};
 use crate::record::{ErrorKind, Record, RecordError, Stage};
 use crate::retry::{Backoff, Retries};
-use crate::sink::postgres::{PostgresError, client_config};
 use crate::source::outbox::{self, COLUMNS_SQL, Column, Layout, Progress, Row};
 use crate::telemetry;
 use crate::topology::{OnError, OutboxInput, Target, Topology};
@@ -994,7 +994,7 @@ async fn inspect(
     config: &OutboxInput,
 ) -> Result<Result<Layout, outbox::LayoutError>, RelayError> {
     let limit = Duration::from_secs(30);
-    let (client, task) = tokio::time::timeout(limit, crate::sink::postgres::open(pg, tls))
+    let (client, task) = tokio::time::timeout(limit, crate::pg::open(pg, tls))
         .await
         .map_err(|_| PostgresError::Timeout(Duration::from_secs(30)))??;
     let rows = client
