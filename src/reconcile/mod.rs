@@ -42,7 +42,7 @@ use crate::kafka::Cluster;
 use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
 use crate::lineage;
-use crate::pg::{self, PgError};
+use crate::pg::{self, InboxReader, PgError};
 use crate::sink::postgres::batch::{Mapping, Staged};
 use crate::topology::{PostgresOutput, Processor, Target, Topology};
 use crate::transform::Pipeline;
@@ -801,27 +801,17 @@ fn read_inbox(
     inputs: &[&str],
     ranges: &[Ranges],
 ) -> Result<u64, PgError> {
-    use futures_util::{StreamExt, pin_mut};
     let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
-    let origins = pg::qualified(&pg::origins_table(&config.inbox_table));
+    let inbox = InboxReader::new(&config.inbox_table, &consumer);
     runtime.block_on(async {
         let (client, task) = pg::open(&pg, &tls).await?;
-        let query = format!(
-            "SELECT origin_topic, origin_partition, origin_offset FROM {origins} WHERE consumer = $1"
-        );
-        let rows = client.query_raw(&query, [&consumer]).await?;
-        pin_mut!(rows);
-        let mut n = 0u64;
-        while let Some(row) = rows.next().await {
-            let row = row?;
-            n += 1;
-            s.report.records += 1;
-            let topic: &str = row.try_get(0)?;
-            let partition: i32 = row.try_get(1)?;
-            let offset: i64 = row.try_get(2)?;
-            count_place(s, place(topic, partition, offset, inputs, ranges));
-        }
+        let n = inbox
+            .origins(&client, |topic, partition, offset| {
+                s.report.records += 1;
+                count_place(s, place(topic, partition, offset, inputs, ranges));
+            })
+            .await?;
         task.abort();
         Ok(n)
     })
@@ -893,18 +883,12 @@ fn known_messages(
 ) -> Result<std::collections::HashSet<String>, PgError> {
     let (pg, tls, runtime) = database(config)?;
     let consumer = format!("{}/{output}", topology.name);
-    let inbox = pg::qualified(&config.inbox_table);
+    let inbox = InboxReader::new(&config.inbox_table, &consumer);
     runtime.block_on(async {
         let (client, task) = pg::open(&pg, &tls).await?;
-        let query = format!(
-            "SELECT message_id FROM {inbox} WHERE consumer = $1 AND message_id = ANY($2::text[])"
-        );
         let mut found = std::collections::HashSet::new();
         for chunk in mids.chunks(5_000) {
-            let list: Vec<&str> = chunk.to_vec();
-            for row in client.query(&query, &[&consumer, &list]).await? {
-                found.insert(row.try_get::<_, String>(0)?);
-            }
+            found.extend(inbox.known(&client, chunk).await?);
         }
         task.abort();
         Ok(found)

@@ -17,7 +17,7 @@ use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::Client;
 
 use super::HttpError;
-use crate::pg::{self, Class, PgError};
+use crate::pg::{self, Class, InboxReader, PgError};
 use crate::retry::Retries;
 use crate::telemetry;
 use crate::topology::http::DedupPostgres;
@@ -34,7 +34,7 @@ const CLEANUP_INTERVAL: Duration = Duration::from_secs(300);
 pub(super) struct Recorder {
     client: Client,
     consumer: String,
-    seen_sql: String,
+    inbox: InboxReader,
     record_sql: String,
 }
 
@@ -161,10 +161,7 @@ impl Delivered {
         let recorder = Arc::new(Recorder {
             client,
             consumer: self.consumer.clone(),
-            seen_sql: format!(
-                "SELECT message_id FROM {} WHERE consumer = $1::text AND message_id = ANY($2::text[])",
-                pg::qualified(&self.inbox)
-            ),
+            inbox: InboxReader::new(&self.inbox, &self.consumer),
             record_sql: format!(
                 "INSERT INTO {} (consumer, message_id) VALUES ($1::text, $2::text) \
                  ON CONFLICT DO NOTHING",
@@ -181,17 +178,11 @@ impl Delivered {
         keys: &[&str],
     ) -> Result<(Arc<Recorder>, HashSet<String>), HttpError> {
         let recorder = self.recorder().await?;
-        let query = async {
-            recorder
-                .client
-                .query(recorder.seen_sql.as_str(), &[&recorder.consumer, &keys])
-                .await
-        };
-        let rows = match tokio::time::timeout(STATEMENT_TIMEOUT, query).await {
-            Ok(rows) => rows.map_err(|e| dedup_error(PgError::Db(e)))?,
+        let query = recorder.inbox.known(&recorder.client, keys);
+        let seen = match tokio::time::timeout(STATEMENT_TIMEOUT, query).await {
+            Ok(seen) => seen.map_err(dedup_error)?,
             Err(_) => return Err(dedup_error(PgError::Timeout(STATEMENT_TIMEOUT))),
         };
-        let seen = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         self.clean().await;
         Ok((recorder, seen))
     }
