@@ -7,11 +7,14 @@
 //!   call that met it;
 //! * the tables kept beside the user's (the inbox, its origins, the deletion markers): their
 //!   names and DDL, creating them when missing, removing expired rows;
-//! * reading an inbox: which messages it holds, and where each came from.
+//! * reading an inbox: which messages it holds, and where each came from;
+//! * how a consumed record becomes a row of a PostgreSQL output and a message of its inbox:
+//!   what the sink writes, and what reconcile expects to find.
 
 mod connect;
 mod error;
 mod inbox;
+mod row;
 mod tables;
 pub mod tls;
 
@@ -19,6 +22,8 @@ pub(crate) use connect::{AbortOnDrop, client_config, open};
 pub use error::{Class, PgError};
 pub(crate) use error::{class_of, class_of_sqlstate, describe};
 pub(crate) use inbox::InboxReader;
+pub(crate) use row::Mapping;
+pub use row::RecordError;
 pub(crate) use tables::{
     cleanup_inbox, cleanup_inbox_and_origins, cleanup_tombstones, ensure_origins, ensure_tables,
     ident, origins_table, qualified, tombstones_table,

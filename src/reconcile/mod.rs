@@ -42,8 +42,7 @@ use crate::kafka::Cluster;
 use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
 use crate::lineage;
-use crate::pg::{self, InboxReader, PgError};
-use crate::sink::postgres::batch::{Mapping, Staged};
+use crate::pg::{self, InboxReader, Mapping, PgError};
 use crate::topology::{PostgresOutput, Processor, Target, Topology};
 use crate::transform::Pipeline;
 use counts::{Chunk, Counts, Slots};
@@ -770,19 +769,16 @@ fn expect(
         match mappings.get(*index).and_then(Option::as_ref) {
             // A PostgreSQL output: one inbox origin per message, if any row of it is
             // written (an empty value writes none).
-            Some((mapping, keyed)) => {
-                let mut staged = Staged::default();
-                match staged.add(mapping, rec) {
-                    Ok(true) => {
-                        if counts[s] == 0 && *keyed {
-                            by_event_id.push((s, staged.mids[0].clone()));
-                        }
-                        counts[s] = 1;
+            Some((mapping, keyed)) => match mapping.row(rec) {
+                Ok(Some(row)) => {
+                    if counts[s] == 0 && *keyed {
+                        by_event_id.push((s, row.mid));
                     }
-                    Ok(false) => {}
-                    Err(_) => return fails,
+                    counts[s] = 1;
                 }
-            }
+                Ok(None) => {}
+                Err(_) => return fails,
+            },
             None => counts[s] += 1,
         }
     }

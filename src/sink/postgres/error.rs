@@ -4,9 +4,8 @@
 
 use std::time::Duration;
 
-use super::batch::RecordError;
 use super::gaps::Gap;
-use crate::pg::{self, Class, PgError};
+use crate::pg::{self, Class, PgError, RecordError};
 use crate::sink::SinkErrorKind;
 use crate::topology::postgres::OnSequenceGap;
 

@@ -10,22 +10,22 @@
 //! The engine's loop is a blocking thread: the sink owns a small current-thread tokio runtime
 //! and calls `block_on` on it; nothing here ever runs on another executor's worker.
 
-pub mod batch;
+mod batch;
 pub mod error;
 pub mod gaps;
-pub mod sql;
+mod sql;
 
 use std::time::{Duration, Instant};
 
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, Statement};
 
-pub use batch::RecordError;
-use batch::{Mapping, Staged};
+use batch::Staged;
 pub use error::PostgresError;
 
 use super::{SinkError, SinkErrorKind};
-use crate::pg::{self, AbortOnDrop, client_config, ensure_origins, ensure_tables, open};
+pub use crate::pg::RecordError;
+use crate::pg::{self, AbortOnDrop, Mapping, client_config, ensure_origins, ensure_tables, open};
 use crate::record::{Origin, Record};
 use crate::retry::Retries;
 use crate::telemetry;
