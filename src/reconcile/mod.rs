@@ -25,28 +25,33 @@
 //! also gives the expected number of records per origin per output, which a fan-out needs.
 
 pub mod counts;
+mod inbox;
+mod inputs;
+mod markers;
+mod offsets;
 pub mod ranges;
+mod streams;
 pub mod tally;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::message::Message;
 use serde::Serialize;
 
 use crate::kafka::Cluster;
-use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
-use crate::lineage;
-use crate::pg::{self, InboxReader, Mapping, PgError};
-use crate::topology::{PostgresOutput, Processor, Target, Topology};
+use crate::pg::{Mapping, PgError};
+use crate::topology::{PostgresOutput, Target, Topology};
 use crate::transform::Pipeline;
-use counts::{Chunk, Counts, Slots};
-use tally::{Decision, Expected, PartitionTally, Verdict};
+use counts::{Chunk, Counts};
+use inbox::{Absorbed, Pending, read_inbox};
+use inputs::{InputShare, expect, input_reader, traces_decide};
+use markers::markers;
+use offsets::{committed_ranges, stalled, topic_ranges};
+use streams::{Stream, attribute, count_place, place, stream};
+use tally::{Decision, PartitionTally};
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -174,88 +179,9 @@ pub struct Phases {
     pub inputs: f64,
 }
 
-/// The connection settings of a PostgreSQL output, and a runtime to run its queries on.
-fn database(
-    config: &PostgresOutput,
-) -> Result<
-    (
-        tokio_postgres::Config,
-        Option<postgres_openssl::MakeTlsConnector>,
-        tokio::runtime::Runtime,
-    ),
-    PgError,
-> {
-    let url =
-        std::env::var(&config.url_env).map_err(|_| PgError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = pg::client_config(&url, &config.url_env, "onceflow/reconcile")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(PgError::Runtime)?;
-    Ok((pg, tls, runtime))
-}
-
 /// Progress of the reads: records read so far, and how many there are in all (an estimate
 /// from the offsets, known once every range is).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
-
-/// One checked stream while it is read.
-struct Stream {
-    report: StreamReport,
-    /// Counts by input (index in `inputs`) and partition.
-    counts: Slots<(usize, i32), Counts>,
-    /// Reconcile markers read (not records of the stream).
-    markers_seen: u64,
-}
-
-impl Stream {
-    /// Adds what another reader of the same stream read.
-    fn merge(&mut self, other: Stream) {
-        let (r, o) = (&mut self.report, other.report);
-        r.records += o.records;
-        r.unattributed += o.unattributed;
-        r.malformed += o.malformed;
-        r.foreign += o.foreign;
-        r.beyond_committed += o.beyond_committed;
-        r.before_range += o.before_range;
-        self.markers_seen += other.markers_seen;
-        for (key, counts) in other.counts {
-            self.counts
-                .get_or_insert_with(key, Counts::default)
-                .merge(counts);
-        }
-    }
-}
-
-/// What one reader of an input makes of its share of the partitions.
-#[derive(Default)]
-struct InputShare<'s> {
-    /// Records read.
-    read: u64,
-    /// Records the pipeline was re-run over.
-    reran: u64,
-    /// Tallies of its partitions, made as their first record comes.
-    tallies: BTreeMap<i32, PartitionTally>,
-    /// Records whose PostgreSQL trace is to be looked for by event id.
-    pending: Vec<Pending>,
-    /// The pipeline's output buffer, reused from record to record.
-    produced: Vec<(usize, crate::record::Record)>,
-    /// The partition of the last record, and the chunk of counts its offset falls in, of
-    /// every stream: the next records of the partition are counted without a look-up.
-    at: Option<i32>,
-    chunks: Vec<Chunk<'s>>,
-    /// What each stream holds of the record (the dead-letter stream's count set apart).
-    seen: Vec<u32>,
-}
-
-/// `each` as what reads an input: the share it fills holds chunks of the streams' counts,
-/// so its lifetime is theirs (a closure typed in place would take any share's).
-fn input_reader<'s, F>(each: F) -> F
-where
-    F: Fn(&mut InputShare<'s>, &Polled<'_>) -> Result<(), ReconcileError> + Sync,
-{
-    each
-}
 
 /// The consumer group of reconcile's readers (assigned partitions, never joined or
 /// committed).
@@ -397,14 +323,11 @@ pub fn run(
         stalled(&topic, unfinished, &hanging, options.idle)?;
     }
     for (s, name, config) in &postgres_outputs {
-        let rows = read_inbox(
-            topology,
-            name,
-            config,
-            &mut streams[*s],
-            &inputs,
-            &input_ranges,
-        )
+        let s = &mut streams[*s];
+        let rows = read_inbox(topology, name, config, |topic, partition, offset| {
+            s.report.records += 1;
+            count_place(s, place(topic, partition, offset, &inputs, &input_ranges));
+        })
         .map_err(|error| ReconcileError::Postgres {
             output: name.to_string(),
             error,
@@ -565,34 +488,6 @@ pub fn run(
     Ok(report)
 }
 
-/// Whether the traces of a record decide it wherever it left one
-/// ([`tally::decide_by_traces`]): the topology makes at most one record of each input record,
-/// on its one output, a Kafka topic reconcile checks (not PostgreSQL, whose inbox counts
-/// messages, not records).
-fn traces_decide(topology: &Topology, stream_of: &[Option<usize>]) -> bool {
-    let one_to_one = topology
-        .pipeline
-        .iter()
-        .all(|p| !matches!(p, Processor::Route(_) | Processor::Explode(_)));
-    let checked_topic = matches!(
-        topology.outputs.as_slice(),
-        [output] if output.lineage && matches!(output.target(), Some(Target::Topic(_)))
-    );
-    one_to_one && checked_topic && matches!(stream_of, [Some(_)])
-}
-
-fn stream(name: &str, kind: &'static str) -> Stream {
-    Stream {
-        report: StreamReport {
-            name: name.to_string(),
-            kind,
-            ..StreamReport::default()
-        },
-        counts: Slots::default(),
-        markers_seen: 0,
-    }
-}
-
 /// The job's pipeline, with its schema registry when it has one.
 fn compile(topology: &Topology) -> Result<Pipeline, ReconcileError> {
     let issues = |list: Vec<crate::topology::ConfigIssue>| {
@@ -609,349 +504,4 @@ fn compile(topology: &Topology) -> Result<Pipeline, ReconcileError> {
         Err(crate::codec::SetupError::Registry(m)) => return Err(ReconcileError::Registry(m)),
     };
     Pipeline::compile_with(topology, codecs).map_err(issues)
-}
-
-/// Every partition of `topic` from its low watermark to the group's committed offset (empty
-/// where the group has none).
-fn committed_ranges(consumer: &BaseConsumer, topic: &str) -> Result<Ranges, ReconcileError> {
-    let marks = read::watermarks(consumer, topic)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in marks.keys() {
-        tpl.add_partition(topic, *p);
-    }
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
-    let mut ranges = Ranges::new();
-    for e in committed.elements() {
-        let (low, _) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
-        let to = match e.offset() {
-            Offset::Offset(o) => o,
-            _ => low,
-        };
-        ranges.insert(e.partition(), (low, to.max(low)));
-    }
-    Ok(ranges)
-}
-
-/// Every partition of `topic` from its low watermark to its end now; `None` when the topic
-/// does not exist (a dead-letter topic nothing was ever sent to).
-fn topic_ranges(consumer: &BaseConsumer, topic: &str) -> Result<Option<Ranges>, ReconcileError> {
-    match read::watermarks(consumer, topic) {
-        Ok(marks) => Ok(Some(marks)),
-        Err(ReadError::NoTopic(_)) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Partitions a read could not finish are an error unless a transaction hangs there (the
-/// report says so already).
-fn stalled(
-    topic: &str,
-    unfinished: BTreeMap<i32, i64>,
-    hanging: &[(String, i32)],
-    idle: Duration,
-) -> Result<(), ReconcileError> {
-    let pending: Vec<i32> = unfinished
-        .keys()
-        .copied()
-        .filter(|p| !hanging.iter().any(|(t, hp)| t == topic && hp == p))
-        .collect();
-    if pending.is_empty() {
-        Ok(())
-    } else {
-        Err(ReconcileError::Stalled {
-            topic: topic.to_string(),
-            idle,
-            pending,
-        })
-    }
-}
-
-/// Where an origin falls against the inputs' ranges.
-enum Place {
-    /// Input index, partition, offset: a checked offset.
-    In(usize, i32, i64),
-    Foreign,
-    Before,
-    Beyond,
-}
-
-fn place(topic: &str, partition: i32, offset: i64, inputs: &[&str], ranges: &[Ranges]) -> Place {
-    let Some(input) = inputs.iter().position(|t| *t == topic) else {
-        return Place::Foreign;
-    };
-    match ranges[input].get(&partition) {
-        None => Place::Foreign,
-        Some(&(from, _)) if offset < from => Place::Before,
-        Some(&(_, to)) if offset >= to => Place::Beyond,
-        Some(_) => Place::In(input, partition, offset),
-    }
-}
-
-fn count_place(s: &mut Stream, where_: Place) {
-    match where_ {
-        Place::In(input, partition, offset) => s
-            .counts
-            .get_or_insert_with((input, partition), Counts::default)
-            .add(offset),
-        Place::Foreign => s.report.foreign += 1,
-        Place::Before => s.report.before_range += 1,
-        Place::Beyond => s.report.beyond_committed += 1,
-    }
-}
-
-/// Counts the origin a record of a Kafka stream names.
-fn attribute(s: &mut Stream, msg: &Polled<'_>, inputs: &[&str], ranges: &[Ranges]) {
-    let Some(headers) = msg.headers() else {
-        s.report.records += 1;
-        s.report.unattributed += 1;
-        return;
-    };
-    // One pass over the headers: the lineage, and whether it is a marker.
-    let mut marker = false;
-    let stamp = lineage::read(
-        headers
-            .iter()
-            .map(|h| (h.key, h.value.unwrap_or_default()))
-            .inspect(|(k, _)| marker |= *k == crate::dlq::H_MARKER),
-    );
-    if marker {
-        s.markers_seen += 1;
-        return;
-    }
-    s.report.records += 1;
-    match stamp {
-        Ok(stamp) => {
-            let where_ = place(stamp.topic, stamp.partition, stamp.offset, inputs, ranges);
-            count_place(s, where_);
-        }
-        Err(lineage::Unstamped::Absent) => s.report.unattributed += 1,
-        Err(lineage::Unstamped::Malformed) => s.report.malformed += 1,
-    }
-}
-
-/// What the topology makes of a consumed record, by stream.
-struct Expectation {
-    expected: Expected,
-    /// Streams of PostgreSQL outputs keyed by event id, with the record's message id there.
-    by_event_id: Vec<(usize, String)>,
-}
-
-fn expect(
-    pipeline: &Pipeline,
-    msg: &Polled<'_>,
-    stream_of: &[Option<usize>],
-    mappings: &[Option<(Mapping, bool)>],
-    streams: usize,
-    produced: &mut Vec<(usize, crate::record::Record)>,
-) -> Expectation {
-    produced.clear();
-    let fails = Expectation {
-        expected: Expected::Fails,
-        by_event_id: Vec::new(),
-    };
-    if pipeline
-        .process(
-            crate::source::kafka::to_record(msg, crate::source::kafka::origin_of(msg)),
-            produced,
-        )
-        .is_err()
-    {
-        return fails;
-    }
-    let mut counts = vec![0u32; streams];
-    let mut unchecked = false;
-    let mut by_event_id = Vec::new();
-    for (index, rec) in produced.iter() {
-        let Some(s) = stream_of.get(*index).copied().flatten() else {
-            unchecked = true;
-            continue;
-        };
-        match mappings.get(*index).and_then(Option::as_ref) {
-            // A PostgreSQL output: one inbox origin per message, if any row of it is
-            // written (an empty value writes none).
-            Some((mapping, keyed)) => match mapping.row(rec) {
-                Ok(Some(row)) => {
-                    if counts[s] == 0 && *keyed {
-                        by_event_id.push((s, row.mid));
-                    }
-                    counts[s] = 1;
-                }
-                Ok(None) => {}
-                Err(_) => return fails,
-            },
-            None => counts[s] += 1,
-        }
-    }
-    Expectation {
-        expected: Expected::Outputs { counts, unchecked },
-        by_event_id,
-    }
-}
-
-/// Reads the origins recorded beside the inbox of a PostgreSQL output; returns the rows read.
-fn read_inbox(
-    topology: &Topology,
-    output: &str,
-    config: &PostgresOutput,
-    s: &mut Stream,
-    inputs: &[&str],
-    ranges: &[Ranges],
-) -> Result<u64, PgError> {
-    let (pg, tls, runtime) = database(config)?;
-    let consumer = format!("{}/{output}", topology.name);
-    let inbox = InboxReader::new(&config.inbox_table, &consumer);
-    runtime.block_on(async {
-        let (client, task) = pg::open(&pg, &tls).await?;
-        let n = inbox
-            .origins(&client, |topic, partition, offset| {
-                s.report.records += 1;
-                count_place(s, place(topic, partition, offset, inputs, ranges));
-            })
-            .await?;
-        task.abort();
-        Ok(n)
-    })
-}
-
-/// A record whose PostgreSQL trace is to be looked for by event id.
-struct Pending {
-    partition: i32,
-    offset: i64,
-    /// Streams and the message id to find in their inbox.
-    ask: Vec<(usize, String)>,
-    /// The verdict when the inbox holds every one of them.
-    if_absorbed: Verdict,
-}
-
-/// The records of an input whose PostgreSQL trace is looked up by event id, in batches.
-#[derive(Default)]
-struct Absorbed {
-    pending: Vec<Pending>,
-}
-
-impl Absorbed {
-    fn resolve(
-        &mut self,
-        topology: &Topology,
-        postgres_outputs: &[(usize, &str, &PostgresOutput)],
-        tallies: &mut BTreeMap<i32, PartitionTally>,
-    ) -> Result<(), (String, PgError)> {
-        let pending = std::mem::take(&mut self.pending);
-        if pending.is_empty() {
-            return Ok(());
-        }
-        // Every asked message id, per stream, looked up in batches of 5,000.
-        let mut found: HashMap<usize, std::collections::HashSet<String>> = HashMap::new();
-        for (s, name, config) in postgres_outputs {
-            let asked: Vec<&str> = pending
-                .iter()
-                .flat_map(|p| p.ask.iter())
-                .filter(|(ps, _)| ps == s)
-                .map(|(_, mid)| mid.as_str())
-                .collect();
-            if asked.is_empty() {
-                continue;
-            }
-            let have = known_messages(topology, name, config, &asked)
-                .map_err(|e| (name.to_string(), e))?;
-            found.insert(*s, have);
-        }
-        for p in pending {
-            let all = p
-                .ask
-                .iter()
-                .all(|(s, mid)| found.get(s).is_some_and(|f| f.contains(mid)));
-            let verdict = if all { p.if_absorbed } else { Verdict::Missing };
-            if let Some(t) = tallies.get_mut(&p.partition) {
-                t.count(p.offset, verdict);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Which of `mids` the inbox of a PostgreSQL output holds.
-fn known_messages(
-    topology: &Topology,
-    output: &str,
-    config: &PostgresOutput,
-    mids: &[&str],
-) -> Result<std::collections::HashSet<String>, PgError> {
-    let (pg, tls, runtime) = database(config)?;
-    let consumer = format!("{}/{output}", topology.name);
-    let inbox = InboxReader::new(&config.inbox_table, &consumer);
-    runtime.block_on(async {
-        let (client, task) = pg::open(&pg, &tls).await?;
-        let mut found = std::collections::HashSet::new();
-        for chunk in mids.chunks(5_000) {
-            found.extend(inbox.known(&client, chunk).await?);
-        }
-        task.abort();
-        Ok(found)
-    })
-}
-
-/// Writes a marker to every partition of `topics` (outside any transaction) and waits until
-/// a read_committed reader sees each one. Returns how many were written, and the partitions
-/// whose marker stayed invisible for `timeout`.
-fn markers(
-    cluster: &Cluster,
-    topics: &[(&str, &Ranges)],
-    timeout: Duration,
-) -> Result<(u64, Vec<(String, i32)>), ReconcileError> {
-    let token = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
-    let producer: BaseProducer = cluster
-        .config()
-        .set("acks", "all")
-        .set("linger.ms", "0")
-        .create()?;
-    let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-        key: crate::dlq::H_MARKER,
-        value: Some(token.as_bytes()),
-    });
-    let mut written = 0u64;
-    for (topic, ranges) in topics {
-        for p in ranges.keys() {
-            let record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
-                .partition(*p)
-                .payload(&[][..])
-                .headers(headers.clone());
-            producer.send(record).map_err(|(e, _)| e)?;
-            written += 1;
-        }
-    }
-    producer.flush(timeout)?;
-    // Read from where each partition ended before the markers.
-    let deadline = Instant::now() + timeout;
-    let consumer = read::reader(cluster, "onceflow.reconcile")?;
-    let mut left: std::collections::BTreeSet<(String, i32)> = std::collections::BTreeSet::new();
-    let mut tpl = TopicPartitionList::new();
-    for (topic, ranges) in topics {
-        for (p, (_, end)) in ranges.iter() {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(*end))?;
-            left.insert((topic.to_string(), *p));
-        }
-    }
-    consumer.assign(&tpl)?;
-    while !left.is_empty() && Instant::now() < deadline {
-        let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let msg = polled?;
-        let ours = msg.headers().is_some_and(|hs| {
-            hs.iter()
-                .any(|h| h.key == crate::dlq::H_MARKER && h.value == Some(token.as_bytes()))
-        });
-        if ours {
-            left.remove(&(msg.topic().to_string(), msg.partition()));
-        }
-    }
-    let hanging = left.into_iter().collect();
-    Ok((written, hanging))
 }

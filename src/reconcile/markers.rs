@@ -1,0 +1,78 @@
+//! Markers: a record written outside any transaction to every partition of the checked
+//! topics, which a read_committed reader sees only when no transaction hangs before it.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{Ranges, ReconcileError};
+use crate::kafka::Cluster;
+use crate::kafka::read;
+
+/// Writes a marker to every partition of `topics` (outside any transaction) and waits until
+/// a read_committed reader sees each one. Returns how many were written, and the partitions
+/// whose marker stayed invisible for `timeout`.
+pub(super) fn markers(
+    cluster: &Cluster,
+    topics: &[(&str, &Ranges)],
+    timeout: Duration,
+) -> Result<(u64, Vec<(String, i32)>), ReconcileError> {
+    let token = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let producer: BaseProducer = cluster
+        .config()
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .create()?;
+    let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+        key: crate::dlq::H_MARKER,
+        value: Some(token.as_bytes()),
+    });
+    let mut written = 0u64;
+    for (topic, ranges) in topics {
+        for p in ranges.keys() {
+            let record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+                .partition(*p)
+                .payload(&[][..])
+                .headers(headers.clone());
+            producer.send(record).map_err(|(e, _)| e)?;
+            written += 1;
+        }
+    }
+    producer.flush(timeout)?;
+    // Read from where each partition ended before the markers.
+    let deadline = Instant::now() + timeout;
+    let consumer = read::reader(cluster, "onceflow.reconcile")?;
+    let mut left: std::collections::BTreeSet<(String, i32)> = std::collections::BTreeSet::new();
+    let mut tpl = TopicPartitionList::new();
+    for (topic, ranges) in topics {
+        for (p, (_, end)) in ranges.iter() {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*end))?;
+            left.insert((topic.to_string(), *p));
+        }
+    }
+    consumer.assign(&tpl)?;
+    while !left.is_empty() && Instant::now() < deadline {
+        let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let msg = polled?;
+        let ours = msg.headers().is_some_and(|hs| {
+            hs.iter()
+                .any(|h| h.key == crate::dlq::H_MARKER && h.value == Some(token.as_bytes()))
+        });
+        if ours {
+            left.remove(&(msg.topic().to_string(), msg.partition()));
+        }
+    }
+    let hanging = left.into_iter().collect();
+    Ok((written, hanging))
+}
