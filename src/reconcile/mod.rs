@@ -49,7 +49,7 @@ use counts::{Chunk, Counts};
 use inbox::{Absorbed, Pending, read_inbox};
 use inputs::{InputShare, expect, input_reader, traces_decide};
 use markers::markers;
-use offsets::{committed_ranges, stalled, topic_ranges};
+use offsets::{stalled, topic_ranges};
 use streams::{Stream, attribute, count_place, place, stream};
 use tally::{Decision, PartitionTally};
 
@@ -190,6 +190,37 @@ const READER_GROUP: &str = "onceflow.reconcile";
 /// What reconcile needs of an input partition: `[from, committed)`.
 type Ranges = BTreeMap<i32, (i64, i64)>;
 
+/// What every part of a run reads: the job, its cluster, how it runs, and the inputs with
+/// the range of each of their partitions to check.
+struct Scope<'a> {
+    topology: &'a Topology,
+    cluster: &'a Cluster,
+    options: &'a Options,
+    inputs: Vec<&'a str>,
+    /// By input (index in `inputs`), every partition's `[from, committed)`.
+    input_ranges: Vec<Ranges>,
+}
+
+/// Records read so far, and how many there are in all, as the progress callback hears them.
+struct Reads<'p> {
+    read: u64,
+    total: u64,
+    progress: Progress<'p>,
+}
+
+impl Reads<'_> {
+    /// Tells the callback where the reads are.
+    fn show(&mut self) {
+        (self.progress)(self.read, self.total);
+    }
+
+    /// The progress of one read, whose records come on top of those read before it.
+    fn of_read(&mut self) -> impl FnMut(u64) + '_ {
+        let (base, total) = (self.read, self.total);
+        move |n| (self.progress)(base + n, total)
+    }
+}
+
 /// Reconciles `topology` on `cluster`.
 pub fn run(
     topology: &Topology,
@@ -202,13 +233,14 @@ pub fn run(
     let group = topology.group_id();
     let consumer = read::reader(cluster, "onceflow.reconcile")?;
     let inputs: Vec<&str> = topology.input_topics();
-    // The committed offsets, read with the job's group id (assigning, never joining it).
-    let committed_reader = read::reader(cluster, &group)?;
-    let mut input_ranges: Vec<Ranges> = Vec::new();
-    for topic in &inputs {
-        input_ranges.push(committed_ranges(&committed_reader, topic)?);
-    }
-    drop(committed_reader);
+    let input_ranges = offsets::committed(cluster, &group, &inputs)?;
+    let scope = Scope {
+        topology,
+        cluster,
+        options,
+        inputs,
+        input_ranges,
+    };
 
     // The streams: each Kafka topic an output with lineage writes, the dead-letter topic,
     // each PostgreSQL output. `stream_of[i]`: the stream of output i, if checked.
@@ -258,23 +290,26 @@ pub fn run(
             _ => topic_ranges(&consumer, &s.report.name)?,
         });
     }
-    let mut total: u64 = input_ranges
+    let all_ranges = scope
+        .input_ranges
         .iter()
-        .chain(stream_ranges.iter().flatten())
-        .flat_map(|r| r.values())
-        .map(|(a, b)| (b - a).max(0) as u64)
-        .sum();
-    let mut read_so_far = 0u64;
-    progress(0, total);
+        .chain(stream_ranges.iter().flatten());
+    let mut reads = Reads {
+        read: 0,
+        total: offsets::span(all_ranges),
+        progress,
+    };
+    reads.show();
+    let (inputs, input_ranges) = (&scope.inputs, &scope.input_ranges);
 
     // 1. Markers, first: a hanging transaction holds back what read_committed can read.
-    let hanging: Vec<(String, i32)> = if options.markers {
+    let hanging: Vec<(String, i32)> = if scope.options.markers {
         let topics: Vec<(&str, &Ranges)> = streams
             .iter()
             .zip(&stream_ranges)
             .filter_map(|(s, r)| Some((s.report.name.as_str(), r.as_ref()?)))
             .collect();
-        let (written, hanging) = markers(cluster, &topics, options.marker_timeout)?;
+        let (written, hanging) = markers(scope.cluster, &topics, scope.options.marker_timeout)?;
         report.markers = written - hanging.len() as u64;
         hanging
     } else {
@@ -291,51 +326,50 @@ pub fn run(
         // A partition held by a hanging transaction never reaches its end: once the others
         // have, a short silence ends the read.
         let idle = if hanging.iter().any(|(t, _)| *t == topic) {
-            options.idle.min(Duration::from_secs(2))
+            scope.options.idle.min(Duration::from_secs(2))
         } else {
-            options.idle
+            scope.options.idle
         };
         let (name, kind) = (s.report.name.clone(), s.report.kind);
-        let base = read_so_far;
         let split = read::Split {
-            cluster,
+            cluster: scope.cluster,
             group: READER_GROUP,
             topic: &topic,
             ranges,
             idle,
-            threads: options.threads,
+            threads: scope.options.threads,
         };
         let shares = read::read_ranges_split(
             &split,
             || stream(&name, kind),
             |share: &mut Stream, msg| {
-                attribute(share, msg, &inputs, &input_ranges);
+                attribute(share, msg, inputs, input_ranges);
                 Ok::<_, ReconcileError>(())
             },
-            &mut |n| progress(base + n, total),
+            &mut reads.of_read(),
         )?;
         let mut unfinished = BTreeMap::new();
         for (share, left) in shares {
-            read_so_far += share.report.records + share.markers_seen;
+            reads.read += share.report.records + share.markers_seen;
             s.merge(share);
             unfinished.extend(left);
         }
-        stalled(&topic, unfinished, &hanging, options.idle)?;
+        stalled(&topic, unfinished, &hanging, scope.options.idle)?;
     }
     for (s, name, config) in &postgres_outputs {
         let s = &mut streams[*s];
-        let rows = read_inbox(topology, name, config, |topic, partition, offset| {
+        let rows = read_inbox(scope.topology, name, config, |topic, partition, offset| {
             s.report.records += 1;
-            count_place(s, place(topic, partition, offset, &inputs, &input_ranges));
+            count_place(s, place(topic, partition, offset, inputs, input_ranges));
         })
         .map_err(|error| ReconcileError::Postgres {
             output: name.to_string(),
             error,
         })?;
-        read_so_far += rows;
-        total += rows;
+        reads.read += rows;
+        reads.total += rows;
     }
-    progress(read_so_far, total);
+    reads.show();
     report.count_bytes = streams
         .iter()
         .flat_map(|s| s.counts.values())
@@ -345,8 +379,9 @@ pub fn run(
     report.phase_seconds.outputs = phase.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 3. The inputs, through the pipeline.
-    let on_error = topology.runtime.on_error;
-    let mappings: Vec<Option<(Mapping, bool)>> = topology
+    let on_error = scope.topology.runtime.on_error;
+    let mappings: Vec<Option<(Mapping, bool)>> = scope
+        .topology
         .outputs
         .iter()
         .map(|o| match o.target() {
@@ -355,7 +390,7 @@ pub fn run(
         })
         .collect();
     let mut checks = Absorbed::default();
-    let by_traces = !options.rerun_all && traces_decide(topology, &stream_of);
+    let by_traces = !scope.options.rerun_all && traces_decide(scope.topology, &stream_of);
     report.pipeline_rerun = if by_traces {
         Rerun::Untraced
     } else {
@@ -367,7 +402,6 @@ pub fn run(
             .iter()
             .map(|(&p, &(from, to))| (p, PartitionTally::new(topic, p, from, to)))
             .collect();
-        let base = read_so_far;
         let streams = &streams;
         let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
         let count = |tallies: &mut BTreeMap<i32, PartitionTally>, p, offset, verdict| {
@@ -440,36 +474,45 @@ pub fn run(
             Ok(())
         });
         let split = read::Split {
-            cluster,
+            cluster: scope.cluster,
             group: READER_GROUP,
             topic,
             ranges,
-            idle: options.idle,
-            threads: options.threads,
+            idle: scope.options.idle,
+            threads: scope.options.threads,
         };
-        let shares = read::read_ranges_split(&split, InputShare::default, each, &mut |n| {
-            progress(base + n, total)
-        })?;
+        let shares =
+            read::read_ranges_split(&split, InputShare::default, each, &mut reads.of_read())?;
         let mut unfinished = BTreeMap::new();
         for (share, left) in shares {
-            read_so_far += share.read;
+            reads.read += share.read;
             report.pipeline_runs += share.reran;
             // Each reader had partitions of its own: its tallies replace the empty ones.
             tallies.extend(share.tallies);
             checks.pending.extend(share.pending);
             unfinished.extend(left);
         }
-        stalled(topic, unfinished, &[], options.idle)?;
+        stalled(topic, unfinished, &[], scope.options.idle)?;
         checks
-            .resolve(topology, &postgres_outputs, &mut tallies)
+            .resolve(scope.topology, &postgres_outputs, &mut tallies)
             .map_err(|(output, error)| ReconcileError::Postgres { output, error })?;
         for (_, mut t) in tallies {
             t.finish();
             report.partitions.push(t);
         }
     }
-    progress(read_so_far, total);
+    reads.show();
+    Ok(finish(report, streams, &reads, started, phase))
+}
 
+/// Sums up the report once everything is read: the mismatches, the verdict, the times.
+fn finish(
+    mut report: Report,
+    streams: Vec<Stream>,
+    reads: &Reads<'_>,
+    started: Instant,
+    inputs_phase: Instant,
+) -> Report {
     report.streams = streams.into_iter().map(|s| s.report).collect();
     report.missing = report.partitions.iter().map(|t| t.missing).sum();
     report.duplicated = report.partitions.iter().map(|t| t.duplicated).sum();
@@ -481,11 +524,11 @@ pub fn run(
         .sum();
     report.ok =
         report.missing == 0 && report.duplicated == 0 && report.hanging.is_empty() && beyond == 0;
-    report.phase_seconds.inputs = phase.elapsed().as_secs_f64();
-    report.records_read = read_so_far;
+    report.phase_seconds.inputs = inputs_phase.elapsed().as_secs_f64();
+    report.records_read = reads.read;
     report.seconds = started.elapsed().as_secs_f64();
-    report.records_per_second = read_so_far as f64 / report.seconds.max(1e-9);
-    Ok(report)
+    report.records_per_second = reads.read as f64 / report.seconds.max(1e-9);
+    report
 }
 
 /// The job's pipeline, with its schema registry when it has one.

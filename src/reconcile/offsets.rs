@@ -8,14 +8,35 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Ranges, ReconcileError};
+use crate::kafka::Cluster;
 use crate::kafka::read::{self, ReadError};
+
+/// Of each input, every partition from its low watermark to the committed offset of
+/// `group`, read with the group's id (assigning, never joining it).
+pub(super) fn committed(
+    cluster: &Cluster,
+    group: &str,
+    inputs: &[&str],
+) -> Result<Vec<Ranges>, ReconcileError> {
+    let committed_reader = read::reader(cluster, group)?;
+    let mut input_ranges: Vec<Ranges> = Vec::new();
+    for topic in inputs {
+        input_ranges.push(committed_ranges(&committed_reader, topic)?);
+    }
+    Ok(input_ranges)
+}
+
+/// How many offsets `ranges` span in all.
+pub(super) fn span<'r>(ranges: impl Iterator<Item = &'r Ranges>) -> u64 {
+    ranges
+        .flat_map(|r| r.values())
+        .map(|(a, b)| (b - a).max(0) as u64)
+        .sum()
+}
 
 /// Every partition of `topic` from its low watermark to the group's committed offset (empty
 /// where the group has none).
-pub(super) fn committed_ranges(
-    consumer: &BaseConsumer,
-    topic: &str,
-) -> Result<Ranges, ReconcileError> {
+fn committed_ranges(consumer: &BaseConsumer, topic: &str) -> Result<Ranges, ReconcileError> {
     let marks = read::watermarks(consumer, topic)?;
     let mut tpl = TopicPartitionList::new();
     for p in marks.keys() {
