@@ -8,14 +8,41 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{Ranges, ReconcileError};
+use super::streams::Stream;
+use super::{Ranges, ReconcileError, Report, Scope};
 use crate::kafka::Cluster;
 use crate::kafka::read;
+
+/// When the options say so, writes a marker to every partition of the Kafka streams (those
+/// with `ranges`) and waits for each; notes in `report` how many became visible and which
+/// partitions hang, and returns those.
+pub(super) fn find_hanging(
+    scope: &Scope<'_>,
+    streams: &[Stream],
+    ranges: &[Option<Ranges>],
+    report: &mut Report,
+) -> Result<Vec<(String, i32)>, ReconcileError> {
+    let options = scope.options;
+    let hanging: Vec<(String, i32)> = if options.markers {
+        let topics: Vec<(&str, &Ranges)> = streams
+            .iter()
+            .zip(ranges)
+            .filter_map(|(s, r)| Some((s.report.name.as_str(), r.as_ref()?)))
+            .collect();
+        let (written, hanging) = markers(scope.cluster, &topics, options.marker_timeout)?;
+        report.markers = written - hanging.len() as u64;
+        hanging
+    } else {
+        Vec::new()
+    };
+    report.hanging = hanging.iter().map(|(t, p)| format!("{t}[{p}]")).collect();
+    Ok(hanging)
+}
 
 /// Writes a marker to every partition of `topics` (outside any transaction) and waits until
 /// a read_committed reader sees each one. Returns how many were written, and the partitions
 /// whose marker stayed invisible for `timeout`.
-pub(super) fn markers(
+fn markers(
     cluster: &Cluster,
     topics: &[(&str, &Ranges)],
     timeout: Duration,

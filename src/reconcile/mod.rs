@@ -48,7 +48,6 @@ use crate::transform::Pipeline;
 use counts::{Chunk, Counts};
 use inbox::{Absorbed, Pending, read_inbox};
 use inputs::{InputShare, expect, input_reader, traces_decide};
-use markers::markers;
 use offsets::{stalled, topic_ranges};
 use streams::{Stream, attribute, count_place, place, stream};
 use tally::{Decision, PartitionTally};
@@ -303,20 +302,7 @@ pub fn run(
     let (inputs, input_ranges) = (&scope.inputs, &scope.input_ranges);
 
     // 1. Markers, first: a hanging transaction holds back what read_committed can read.
-    let hanging: Vec<(String, i32)> = if scope.options.markers {
-        let topics: Vec<(&str, &Ranges)> = streams
-            .iter()
-            .zip(&stream_ranges)
-            .filter_map(|(s, r)| Some((s.report.name.as_str(), r.as_ref()?)))
-            .collect();
-        let (written, hanging) = markers(scope.cluster, &topics, scope.options.marker_timeout)?;
-        report.markers = written - hanging.len() as u64;
-        hanging
-    } else {
-        Vec::new()
-    };
-    report.hanging = hanging.iter().map(|(t, p)| format!("{t}[{p}]")).collect();
-
+    let hanging = markers::find_hanging(&scope, &streams, &stream_ranges, &mut report)?;
     report.phase_seconds.markers = started.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 2. The traces: Kafka streams, then PostgreSQL inboxes.
