@@ -43,13 +43,13 @@ use serde::Serialize;
 use crate::kafka::Cluster;
 use crate::kafka::read::{self, ReadError};
 use crate::pg::{Mapping, PgError};
-use crate::topology::{PostgresOutput, Target, Topology};
+use crate::topology::{Target, Topology};
 use crate::transform::Pipeline;
-use counts::{Chunk, Counts};
-use inbox::{Absorbed, Pending, read_inbox};
+use counts::Chunk;
+use inbox::{Absorbed, Pending};
 use inputs::{InputShare, expect, input_reader, traces_decide};
-use offsets::{stalled, topic_ranges};
-use streams::{Stream, attribute, count_place, place, stream};
+use offsets::stalled;
+use streams::{Checked, Stream};
 use tally::{Decision, PartitionTally};
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
@@ -241,39 +241,7 @@ pub fn run(
         input_ranges,
     };
 
-    // The streams: each Kafka topic an output with lineage writes, the dead-letter topic,
-    // each PostgreSQL output. `stream_of[i]`: the stream of output i, if checked.
-    let mut streams: Vec<Stream> = Vec::new();
-    let mut stream_of: Vec<Option<usize>> = Vec::new();
-    let mut unchecked_outputs = Vec::new();
-    let mut postgres_outputs: Vec<(usize, &str, &PostgresOutput)> = Vec::new();
-    for output in &topology.outputs {
-        let index = match output.target() {
-            Some(Target::Topic(topic)) if output.lineage => Some(
-                streams
-                    .iter()
-                    .position(|s| s.report.kind == "topic" && s.report.name == topic)
-                    .unwrap_or_else(|| {
-                        streams.push(stream(topic, "topic"));
-                        streams.len() - 1
-                    }),
-            ),
-            Some(Target::Postgres(config)) => {
-                streams.push(stream(output.name(), "postgres"));
-                postgres_outputs.push((streams.len() - 1, output.name(), config));
-                Some(streams.len() - 1)
-            }
-            _ => {
-                unchecked_outputs.push(output.name().to_string());
-                None
-            }
-        };
-        stream_of.push(index);
-    }
-    let dead_letter_topic = topology.dead_letter_topic();
-    streams.push(stream(&dead_letter_topic, "dead_letter"));
-    let dead_letters = streams.len() - 1;
-
+    let (mut checked, unchecked_outputs) = Checked::of(topology);
     let mut report = Report {
         topology: topology.name.clone(),
         group,
@@ -282,13 +250,7 @@ pub fn run(
     };
 
     // Ranges of every Kafka stream now, and the total for the progress bar.
-    let mut stream_ranges: Vec<Option<Ranges>> = Vec::new();
-    for s in &streams {
-        stream_ranges.push(match s.report.kind {
-            "postgres" => None,
-            _ => topic_ranges(&consumer, &s.report.name)?,
-        });
-    }
+    let stream_ranges = checked.ranges(&consumer)?;
     let all_ranges = scope
         .input_ranges
         .iter()
@@ -302,66 +264,12 @@ pub fn run(
     let (inputs, input_ranges) = (&scope.inputs, &scope.input_ranges);
 
     // 1. Markers, first: a hanging transaction holds back what read_committed can read.
-    let hanging = markers::find_hanging(&scope, &streams, &stream_ranges, &mut report)?;
+    let hanging = markers::find_hanging(&scope, &checked.streams, &stream_ranges, &mut report)?;
     report.phase_seconds.markers = started.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 2. The traces: Kafka streams, then PostgreSQL inboxes.
-    for (s, ranges) in streams.iter_mut().zip(&stream_ranges) {
-        let Some(ranges) = ranges else { continue };
-        let topic = s.report.name.clone();
-        // A partition held by a hanging transaction never reaches its end: once the others
-        // have, a short silence ends the read.
-        let idle = if hanging.iter().any(|(t, _)| *t == topic) {
-            scope.options.idle.min(Duration::from_secs(2))
-        } else {
-            scope.options.idle
-        };
-        let (name, kind) = (s.report.name.clone(), s.report.kind);
-        let split = read::Split {
-            cluster: scope.cluster,
-            group: READER_GROUP,
-            topic: &topic,
-            ranges,
-            idle,
-            threads: scope.options.threads,
-        };
-        let shares = read::read_ranges_split(
-            &split,
-            || stream(&name, kind),
-            |share: &mut Stream, msg| {
-                attribute(share, msg, inputs, input_ranges);
-                Ok::<_, ReconcileError>(())
-            },
-            &mut reads.of_read(),
-        )?;
-        let mut unfinished = BTreeMap::new();
-        for (share, left) in shares {
-            reads.read += share.report.records + share.markers_seen;
-            s.merge(share);
-            unfinished.extend(left);
-        }
-        stalled(&topic, unfinished, &hanging, scope.options.idle)?;
-    }
-    for (s, name, config) in &postgres_outputs {
-        let s = &mut streams[*s];
-        let rows = read_inbox(scope.topology, name, config, |topic, partition, offset| {
-            s.report.records += 1;
-            count_place(s, place(topic, partition, offset, inputs, input_ranges));
-        })
-        .map_err(|error| ReconcileError::Postgres {
-            output: name.to_string(),
-            error,
-        })?;
-        reads.read += rows;
-        reads.total += rows;
-    }
-    reads.show();
-    report.count_bytes = streams
-        .iter()
-        .flat_map(|s| s.counts.values())
-        .map(Counts::bytes)
-        .sum();
-
+    checked.read(&scope, &stream_ranges, &hanging, &mut reads)?;
+    report.count_bytes = checked.count_bytes();
     report.phase_seconds.outputs = phase.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 3. The inputs, through the pipeline.
@@ -376,7 +284,7 @@ pub fn run(
         })
         .collect();
     let mut checks = Absorbed::default();
-    let by_traces = !scope.options.rerun_all && traces_decide(scope.topology, &stream_of);
+    let by_traces = !scope.options.rerun_all && traces_decide(scope.topology, &checked.stream_of);
     report.pipeline_rerun = if by_traces {
         Rerun::Untraced
     } else {
@@ -388,8 +296,8 @@ pub fn run(
             .iter()
             .map(|(&p, &(from, to))| (p, PartitionTally::new(topic, p, from, to)))
             .collect();
-        let streams = &streams;
-        let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
+        let streams = &checked.streams;
+        let (pipeline, stream_of, mappings) = (&pipeline, &checked.stream_of, &mappings);
         let count = |tallies: &mut BTreeMap<i32, PartitionTally>, p, offset, verdict| {
             if let Some(&(from, to)) = ranges.get(&p) {
                 tallies
@@ -414,7 +322,7 @@ pub fn run(
             share
                 .seen
                 .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
-            let letters = std::mem::take(&mut share.seen[dead_letters]);
+            let letters = std::mem::take(&mut share.seen[checked.dead_letters]);
             let traced = by_traces
                 .then(|| tally::decide_by_traces(share.seen.iter().sum(), letters))
                 .flatten();
@@ -480,7 +388,7 @@ pub fn run(
         }
         stalled(topic, unfinished, &[], scope.options.idle)?;
         checks
-            .resolve(scope.topology, &postgres_outputs, &mut tallies)
+            .resolve(scope.topology, &checked.postgres_outputs, &mut tallies)
             .map_err(|(output, error)| ReconcileError::Postgres { output, error })?;
         for (_, mut t) in tallies {
             t.finish();
@@ -488,7 +396,7 @@ pub fn run(
         }
     }
     reads.show();
-    Ok(finish(report, streams, &reads, started, phase))
+    Ok(finish(report, checked.streams, &reads, started, phase))
 }
 
 /// Sums up the report once everything is read: the mismatches, the verdict, the times.
