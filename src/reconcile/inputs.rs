@@ -3,39 +3,234 @@
 
 use std::collections::BTreeMap;
 
-use super::ReconcileError;
+use rdkafka::message::Message;
+
 use super::counts::Chunk;
-use super::inbox::Pending;
-use super::tally::{Expected, PartitionTally};
+use super::inbox::{Absorbed, Pending};
+use super::offsets::stalled;
+use super::streams::{Checked, Stream};
+use super::tally::{self, Decision, Expected, PartitionTally, Verdict};
+use super::{READER_GROUP, Ranges, Reads, ReconcileError, Report, Rerun, Scope};
 use crate::kafka::batch::Polled;
+use crate::kafka::read;
 use crate::pg::Mapping;
-use crate::topology::{Processor, Target, Topology};
+use crate::topology::{OnError, Processor, Target, Topology};
 use crate::transform::Pipeline;
+
+/// Reads every input through the pipeline, and tallies in `report` what became of each
+/// record (with the pipeline's runs, and which records it was re-run over).
+pub(super) fn check(
+    scope: &Scope<'_>,
+    pipeline: &Pipeline,
+    checked: &Checked<'_>,
+    reads: &mut Reads<'_>,
+    report: &mut Report,
+) -> Result<(), ReconcileError> {
+    let topology = scope.topology;
+    let on_error = topology.runtime.on_error;
+    let mappings: Vec<Option<(Mapping, bool)>> = topology
+        .outputs
+        .iter()
+        .map(|o| match o.target() {
+            Some(Target::Postgres(c)) => Some((Mapping::new(c), c.event_id.is_some())),
+            _ => None,
+        })
+        .collect();
+    let mut checks = Absorbed::default();
+    let by_traces = !scope.options.rerun_all && traces_decide(topology, &checked.stream_of);
+    report.pipeline_rerun = if by_traces {
+        Rerun::Untraced
+    } else {
+        Rerun::All
+    };
+    for (input, topic) in scope.inputs.iter().enumerate() {
+        let check = InputCheck {
+            input,
+            topic,
+            ranges: &scope.input_ranges[input],
+            streams: &checked.streams,
+            pipeline,
+            stream_of: &checked.stream_of,
+            mappings: &mappings,
+            dead_letters: checked.dead_letters,
+            by_traces,
+            on_error,
+        };
+        let mut tallies = check.read(scope, reads, report, &mut checks.pending)?;
+        checks
+            .resolve(topology, &checked.postgres_outputs, &mut tallies)
+            .map_err(|(output, error)| ReconcileError::Postgres { output, error })?;
+        for (_, mut t) in tallies {
+            t.finish();
+            report.partitions.push(t);
+        }
+    }
+    Ok(())
+}
+
+/// What the readers of one input share.
+struct InputCheck<'a> {
+    /// The input's index, its topic, and the range of each of its partitions to check.
+    input: usize,
+    topic: &'a str,
+    ranges: &'a Ranges,
+    streams: &'a [Stream],
+    pipeline: &'a Pipeline,
+    stream_of: &'a [Option<usize>],
+    mappings: &'a [Option<(Mapping, bool)>],
+    dead_letters: usize,
+    /// Whether the traces of a record decide it wherever it left one.
+    by_traces: bool,
+    on_error: OnError,
+}
+
+impl<'a> InputCheck<'a> {
+    /// Reads the input, every record through [`Self::record`]; returns the tallies of its
+    /// partitions, and adds the records whose PostgreSQL trace is to be looked for by event
+    /// id to `pending`.
+    fn read(
+        &self,
+        scope: &Scope<'_>,
+        reads: &mut Reads<'_>,
+        report: &mut Report,
+        pending: &mut Vec<Pending>,
+    ) -> Result<BTreeMap<i32, PartitionTally>, ReconcileError> {
+        let mut tallies: BTreeMap<i32, PartitionTally> = self
+            .ranges
+            .iter()
+            .map(|(&p, &(from, to))| (p, PartitionTally::new(self.topic, p, from, to)))
+            .collect();
+        let each = input_reader(|share, msg| self.record(share, msg));
+        let split = read::Split {
+            cluster: scope.cluster,
+            group: READER_GROUP,
+            topic: self.topic,
+            ranges: self.ranges,
+            idle: scope.options.idle,
+            threads: scope.options.threads,
+        };
+        let shares =
+            read::read_ranges_split(&split, InputShare::default, each, &mut reads.of_read())?;
+        let mut unfinished = BTreeMap::new();
+        for (share, left) in shares {
+            reads.read += share.read;
+            report.pipeline_runs += share.reran;
+            // Each reader had partitions of its own: its tallies replace the empty ones.
+            tallies.extend(share.tallies);
+            pending.extend(share.pending);
+            unfinished.extend(left);
+        }
+        stalled(self.topic, unfinished, &[], scope.options.idle)?;
+        Ok(tallies)
+    }
+
+    /// Decides what became of one record: by its traces when they can tell, else by what
+    /// the pipeline makes of it next to what the streams hold; or leaves it to the look-up
+    /// of its event id in the inboxes.
+    fn record(&self, share: &mut InputShare<'a>, msg: &Polled<'_>) -> Result<(), ReconcileError> {
+        share.read += 1;
+        let (p, offset) = (msg.partition(), msg.offset());
+        if share.at != Some(p) || !share.chunks.first().is_some_and(|c| c.holds(offset)) {
+            share.chunks.clear();
+            share.chunks.extend(self.streams.iter().map(|s| {
+                s.counts
+                    .get(&(self.input, p))
+                    .map_or(Chunk::empty(offset), |c| c.chunk(offset))
+            }));
+            share.at = Some(p);
+        }
+        share.seen.clear();
+        share
+            .seen
+            .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
+        let letters = std::mem::take(&mut share.seen[self.dead_letters]);
+        let traced = self
+            .by_traces
+            .then(|| tally::decide_by_traces(share.seen.iter().sum(), letters))
+            .flatten();
+        if let Some(verdict) = traced {
+            self.count(&mut share.tallies, p, offset, verdict);
+            return Ok(());
+        }
+        share.reran += 1;
+        let expected = expect(
+            self.pipeline,
+            msg,
+            self.stream_of,
+            self.mappings,
+            self.streams.len(),
+            &mut share.produced,
+        );
+        let outputs_seen = &share.seen;
+        let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
+        let verdict = match tally::decide_keyed(
+            &expected.expected,
+            outputs_seen,
+            letters,
+            self.on_error,
+            &keyed,
+        ) {
+            Decision::Known(verdict) => verdict,
+            Decision::Ask { streams, if_found } => {
+                let ask = expected
+                    .by_event_id
+                    .into_iter()
+                    .filter(|(s, _)| streams.contains(s))
+                    .collect();
+                share.pending.push(Pending {
+                    partition: p,
+                    offset,
+                    ask,
+                    if_absorbed: if_found,
+                });
+                return Ok(());
+            }
+        };
+        self.count(&mut share.tallies, p, offset, verdict);
+        Ok(())
+    }
+
+    /// Counts a verdict in the tally of its partition, if the partition is checked.
+    fn count(
+        &self,
+        tallies: &mut BTreeMap<i32, PartitionTally>,
+        p: i32,
+        offset: i64,
+        verdict: Verdict,
+    ) {
+        if let Some(&(from, to)) = self.ranges.get(&p) {
+            tallies
+                .entry(p)
+                .or_insert_with(|| PartitionTally::new(self.topic, p, from, to))
+                .count(offset, verdict);
+        }
+    }
+}
 
 /// What one reader of an input makes of its share of the partitions.
 #[derive(Default)]
-pub(super) struct InputShare<'s> {
+struct InputShare<'s> {
     /// Records read.
-    pub(super) read: u64,
+    read: u64,
     /// Records the pipeline was re-run over.
-    pub(super) reran: u64,
+    reran: u64,
     /// Tallies of its partitions, made as their first record comes.
-    pub(super) tallies: BTreeMap<i32, PartitionTally>,
+    tallies: BTreeMap<i32, PartitionTally>,
     /// Records whose PostgreSQL trace is to be looked for by event id.
-    pub(super) pending: Vec<Pending>,
+    pending: Vec<Pending>,
     /// The pipeline's output buffer, reused from record to record.
-    pub(super) produced: Vec<(usize, crate::record::Record)>,
+    produced: Vec<(usize, crate::record::Record)>,
     /// The partition of the last record, and the chunk of counts its offset falls in, of
     /// every stream: the next records of the partition are counted without a look-up.
-    pub(super) at: Option<i32>,
-    pub(super) chunks: Vec<Chunk<'s>>,
+    at: Option<i32>,
+    chunks: Vec<Chunk<'s>>,
     /// What each stream holds of the record (the dead-letter stream's count set apart).
-    pub(super) seen: Vec<u32>,
+    seen: Vec<u32>,
 }
 
 /// `each` as what reads an input: the share it fills holds chunks of the streams' counts,
 /// so its lifetime is theirs (a closure typed in place would take any share's).
-pub(super) fn input_reader<'s, F>(each: F) -> F
+fn input_reader<'s, F>(each: F) -> F
 where
     F: Fn(&mut InputShare<'s>, &Polled<'_>) -> Result<(), ReconcileError> + Sync,
 {
@@ -43,14 +238,14 @@ where
 }
 
 /// What the topology makes of a consumed record, by stream.
-pub(super) struct Expectation {
-    pub(super) expected: Expected,
+struct Expectation {
+    expected: Expected,
     /// Streams of PostgreSQL outputs keyed by event id, with the record's message id there.
-    pub(super) by_event_id: Vec<(usize, String)>,
+    by_event_id: Vec<(usize, String)>,
 }
 
 /// What the pipeline makes of `msg`, as the streams would hold it.
-pub(super) fn expect(
+fn expect(
     pipeline: &Pipeline,
     msg: &Polled<'_>,
     stream_of: &[Option<usize>],
@@ -106,7 +301,7 @@ pub(super) fn expect(
 /// ([`tally::decide_by_traces`]): the topology makes at most one record of each input record,
 /// on its one output, a Kafka topic reconcile checks (not PostgreSQL, whose inbox counts
 /// messages, not records).
-pub(super) fn traces_decide(topology: &Topology, stream_of: &[Option<usize>]) -> bool {
+fn traces_decide(topology: &Topology, stream_of: &[Option<usize>]) -> bool {
     let one_to_one = topology
         .pipeline
         .iter()

@@ -37,20 +37,15 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use serde::Serialize;
 
 use crate::kafka::Cluster;
 use crate::kafka::read::{self, ReadError};
-use crate::pg::{Mapping, PgError};
-use crate::topology::{Target, Topology};
+use crate::pg::PgError;
+use crate::topology::Topology;
 use crate::transform::Pipeline;
-use counts::Chunk;
-use inbox::{Absorbed, Pending};
-use inputs::{InputShare, expect, input_reader, traces_decide};
-use offsets::stalled;
 use streams::{Checked, Stream};
-use tally::{Decision, PartitionTally};
+use tally::PartitionTally;
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +256,6 @@ pub fn run(
         progress,
     };
     reads.show();
-    let (inputs, input_ranges) = (&scope.inputs, &scope.input_ranges);
 
     // 1. Markers, first: a hanging transaction holds back what read_committed can read.
     let hanging = markers::find_hanging(&scope, &checked.streams, &stream_ranges, &mut report)?;
@@ -273,128 +267,7 @@ pub fn run(
     report.phase_seconds.outputs = phase.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 3. The inputs, through the pipeline.
-    let on_error = scope.topology.runtime.on_error;
-    let mappings: Vec<Option<(Mapping, bool)>> = scope
-        .topology
-        .outputs
-        .iter()
-        .map(|o| match o.target() {
-            Some(Target::Postgres(c)) => Some((Mapping::new(c), c.event_id.is_some())),
-            _ => None,
-        })
-        .collect();
-    let mut checks = Absorbed::default();
-    let by_traces = !scope.options.rerun_all && traces_decide(scope.topology, &checked.stream_of);
-    report.pipeline_rerun = if by_traces {
-        Rerun::Untraced
-    } else {
-        Rerun::All
-    };
-    for (input, topic) in inputs.iter().enumerate() {
-        let ranges = &input_ranges[input];
-        let mut tallies: BTreeMap<i32, PartitionTally> = ranges
-            .iter()
-            .map(|(&p, &(from, to))| (p, PartitionTally::new(topic, p, from, to)))
-            .collect();
-        let streams = &checked.streams;
-        let (pipeline, stream_of, mappings) = (&pipeline, &checked.stream_of, &mappings);
-        let count = |tallies: &mut BTreeMap<i32, PartitionTally>, p, offset, verdict| {
-            if let Some(&(from, to)) = ranges.get(&p) {
-                tallies
-                    .entry(p)
-                    .or_insert_with(|| PartitionTally::new(topic, p, from, to))
-                    .count(offset, verdict);
-            }
-        };
-        let each = input_reader(|share, msg| {
-            share.read += 1;
-            let (p, offset) = (msg.partition(), msg.offset());
-            if share.at != Some(p) || !share.chunks.first().is_some_and(|c| c.holds(offset)) {
-                share.chunks.clear();
-                share.chunks.extend(streams.iter().map(|s| {
-                    s.counts
-                        .get(&(input, p))
-                        .map_or(Chunk::empty(offset), |c| c.chunk(offset))
-                }));
-                share.at = Some(p);
-            }
-            share.seen.clear();
-            share
-                .seen
-                .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
-            let letters = std::mem::take(&mut share.seen[checked.dead_letters]);
-            let traced = by_traces
-                .then(|| tally::decide_by_traces(share.seen.iter().sum(), letters))
-                .flatten();
-            if let Some(verdict) = traced {
-                count(&mut share.tallies, p, offset, verdict);
-                return Ok(());
-            }
-            share.reran += 1;
-            let expected = expect(
-                pipeline,
-                msg,
-                stream_of,
-                mappings,
-                streams.len(),
-                &mut share.produced,
-            );
-            let outputs_seen = &share.seen;
-            let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
-            let verdict = match tally::decide_keyed(
-                &expected.expected,
-                outputs_seen,
-                letters,
-                on_error,
-                &keyed,
-            ) {
-                Decision::Known(verdict) => verdict,
-                Decision::Ask { streams, if_found } => {
-                    let ask = expected
-                        .by_event_id
-                        .into_iter()
-                        .filter(|(s, _)| streams.contains(s))
-                        .collect();
-                    share.pending.push(Pending {
-                        partition: p,
-                        offset,
-                        ask,
-                        if_absorbed: if_found,
-                    });
-                    return Ok(());
-                }
-            };
-            count(&mut share.tallies, p, offset, verdict);
-            Ok(())
-        });
-        let split = read::Split {
-            cluster: scope.cluster,
-            group: READER_GROUP,
-            topic,
-            ranges,
-            idle: scope.options.idle,
-            threads: scope.options.threads,
-        };
-        let shares =
-            read::read_ranges_split(&split, InputShare::default, each, &mut reads.of_read())?;
-        let mut unfinished = BTreeMap::new();
-        for (share, left) in shares {
-            reads.read += share.read;
-            report.pipeline_runs += share.reran;
-            // Each reader had partitions of its own: its tallies replace the empty ones.
-            tallies.extend(share.tallies);
-            checks.pending.extend(share.pending);
-            unfinished.extend(left);
-        }
-        stalled(topic, unfinished, &[], scope.options.idle)?;
-        checks
-            .resolve(scope.topology, &checked.postgres_outputs, &mut tallies)
-            .map_err(|(output, error)| ReconcileError::Postgres { output, error })?;
-        for (_, mut t) in tallies {
-            t.finish();
-            report.partitions.push(t);
-        }
-    }
+    inputs::check(&scope, &pipeline, &checked, &mut reads, &mut report)?;
     reads.show();
     Ok(finish(report, checked.streams, &reads, started, phase))
 }
