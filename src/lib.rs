@@ -30,6 +30,7 @@
 //! * [`sink`]: outputs outside Kafka, made idempotent instead: the [`sink::Sink`] trait and
 //!   [`sink::postgres`], which upserts by id through an inbox table, and [`sink::http`],
 //!   which calls an endpoint per record with an idempotency key.
+//! * [`pg`]: PostgreSQL (clients, errors, inboxes, rows) for the sinks, relay and reconcile.
 //! * [`kafka`]: Kafka clients outside the job's transaction: configurations, reading a topic
 //!   to its end, sending with a full queue, admin calls, the embedded cluster of a first run.
 //! * [`dlq`]: the dead-letter format, `dlq inspect` and `dlq replay`.
@@ -68,6 +69,7 @@ pub mod job;
 pub mod kafka;
 pub mod lineage;
 pub mod load;
+pub mod pg;
 pub mod reconcile;
 pub mod record;
 pub mod relay;

@@ -25,29 +25,27 @@
 //! also gives the expected number of records per origin per output, which a fan-out needs.
 
 pub mod counts;
+mod inbox;
+mod inputs;
+mod markers;
+mod offsets;
 pub mod ranges;
+mod streams;
 pub mod tally;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::kafka::Cluster;
-use crate::kafka::batch::Polled;
 use crate::kafka::read::{self, ReadError};
-use crate::lineage;
-use crate::sink::postgres::batch::{Mapping, Staged};
-use crate::sink::postgres::{self, PostgresError, sql};
-use crate::topology::{PostgresOutput, Processor, Target, Topology};
+use crate::pg::PgError;
+use crate::topology::Topology;
 use crate::transform::Pipeline;
-use counts::{Chunk, Counts, Slots};
-use tally::{Decision, Expected, PartitionTally, Verdict};
+use streams::{Checked, Stream};
+use tally::PartitionTally;
 
 /// Why a reconciliation could not be made (a mismatch is a report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +59,7 @@ pub enum ReconcileError {
     #[error("schema registry: {0}")]
     Registry(String),
     #[error("postgres output `{output}`: {error}")]
-    Postgres {
-        output: String,
-        error: PostgresError,
-    },
+    Postgres { output: String, error: PgError },
     #[error("reading {topic}: no progress for {}s on partitions {pending:?}, which hold no hanging transaction", .idle.as_secs())]
     Stalled {
         topic: String,
@@ -178,88 +173,9 @@ pub struct Phases {
     pub inputs: f64,
 }
 
-/// The connection settings of a PostgreSQL output, and a runtime to run its queries on.
-fn database(
-    config: &PostgresOutput,
-) -> Result<
-    (
-        tokio_postgres::Config,
-        Option<postgres_openssl::MakeTlsConnector>,
-        tokio::runtime::Runtime,
-    ),
-    PostgresError,
-> {
-    let url = std::env::var(&config.url_env)
-        .map_err(|_| PostgresError::MissingUrl(config.url_env.clone()))?;
-    let (pg, tls) = postgres::client_config(&url, &config.url_env, "onceflow/reconcile")?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(PostgresError::Runtime)?;
-    Ok((pg, tls, runtime))
-}
-
 /// Progress of the reads: records read so far, and how many there are in all (an estimate
 /// from the offsets, known once every range is).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
-
-/// One checked stream while it is read.
-struct Stream {
-    report: StreamReport,
-    /// Counts by input (index in `inputs`) and partition.
-    counts: Slots<(usize, i32), Counts>,
-    /// Reconcile markers read (not records of the stream).
-    markers_seen: u64,
-}
-
-impl Stream {
-    /// Adds what another reader of the same stream read.
-    fn merge(&mut self, other: Stream) {
-        let (r, o) = (&mut self.report, other.report);
-        r.records += o.records;
-        r.unattributed += o.unattributed;
-        r.malformed += o.malformed;
-        r.foreign += o.foreign;
-        r.beyond_committed += o.beyond_committed;
-        r.before_range += o.before_range;
-        self.markers_seen += other.markers_seen;
-        for (key, counts) in other.counts {
-            self.counts
-                .get_or_insert_with(key, Counts::default)
-                .merge(counts);
-        }
-    }
-}
-
-/// What one reader of an input makes of its share of the partitions.
-#[derive(Default)]
-struct InputShare<'s> {
-    /// Records read.
-    read: u64,
-    /// Records the pipeline was re-run over.
-    reran: u64,
-    /// Tallies of its partitions, made as their first record comes.
-    tallies: BTreeMap<i32, PartitionTally>,
-    /// Records whose PostgreSQL trace is to be looked for by event id.
-    pending: Vec<Pending>,
-    /// The pipeline's output buffer, reused from record to record.
-    produced: Vec<(usize, crate::record::Record)>,
-    /// The partition of the last record, and the chunk of counts its offset falls in, of
-    /// every stream: the next records of the partition are counted without a look-up.
-    at: Option<i32>,
-    chunks: Vec<Chunk<'s>>,
-    /// What each stream holds of the record (the dead-letter stream's count set apart).
-    seen: Vec<u32>,
-}
-
-/// `each` as what reads an input: the share it fills holds chunks of the streams' counts,
-/// so its lifetime is theirs (a closure typed in place would take any share's).
-fn input_reader<'s, F>(each: F) -> F
-where
-    F: Fn(&mut InputShare<'s>, &Polled<'_>) -> Result<(), ReconcileError> + Sync,
-{
-    each
-}
 
 /// The consumer group of reconcile's readers (assigned partitions, never joined or
 /// committed).
@@ -267,6 +183,37 @@ const READER_GROUP: &str = "onceflow.reconcile";
 
 /// What reconcile needs of an input partition: `[from, committed)`.
 type Ranges = BTreeMap<i32, (i64, i64)>;
+
+/// What every part of a run reads: the job, its cluster, how it runs, and the inputs with
+/// the range of each of their partitions to check.
+struct Scope<'a> {
+    topology: &'a Topology,
+    cluster: &'a Cluster,
+    options: &'a Options,
+    inputs: Vec<&'a str>,
+    /// By input (index in `inputs`), every partition's `[from, committed)`.
+    input_ranges: Vec<Ranges>,
+}
+
+/// Records read so far, and how many there are in all, as the progress callback hears them.
+struct Reads<'p> {
+    read: u64,
+    total: u64,
+    progress: Progress<'p>,
+}
+
+impl Reads<'_> {
+    /// Tells the callback where the reads are.
+    fn show(&mut self) {
+        (self.progress)(self.read, self.total);
+    }
+
+    /// The progress of one read, whose records come on top of those read before it.
+    fn of_read(&mut self) -> impl FnMut(u64) + '_ {
+        let (base, total) = (self.read, self.total);
+        move |n| (self.progress)(base + n, total)
+    }
+}
 
 /// Reconciles `topology` on `cluster`.
 pub fn run(
@@ -280,47 +227,16 @@ pub fn run(
     let group = topology.group_id();
     let consumer = read::reader(cluster, "onceflow.reconcile")?;
     let inputs: Vec<&str> = topology.input_topics();
-    // The committed offsets, read with the job's group id (assigning, never joining it).
-    let committed_reader = read::reader(cluster, &group)?;
-    let mut input_ranges: Vec<Ranges> = Vec::new();
-    for topic in &inputs {
-        input_ranges.push(committed_ranges(&committed_reader, topic)?);
-    }
-    drop(committed_reader);
+    let input_ranges = offsets::committed(cluster, &group, &inputs)?;
+    let scope = Scope {
+        topology,
+        cluster,
+        options,
+        inputs,
+        input_ranges,
+    };
 
-    // The streams: each Kafka topic an output with lineage writes, the dead-letter topic,
-    // each PostgreSQL output. `stream_of[i]`: the stream of output i, if checked.
-    let mut streams: Vec<Stream> = Vec::new();
-    let mut stream_of: Vec<Option<usize>> = Vec::new();
-    let mut unchecked_outputs = Vec::new();
-    let mut postgres_outputs: Vec<(usize, &str, &PostgresOutput)> = Vec::new();
-    for output in &topology.outputs {
-        let index = match output.target() {
-            Some(Target::Topic(topic)) if output.lineage => Some(
-                streams
-                    .iter()
-                    .position(|s| s.report.kind == "topic" && s.report.name == topic)
-                    .unwrap_or_else(|| {
-                        streams.push(stream(topic, "topic"));
-                        streams.len() - 1
-                    }),
-            ),
-            Some(Target::Postgres(config)) => {
-                streams.push(stream(output.name(), "postgres"));
-                postgres_outputs.push((streams.len() - 1, output.name(), config));
-                Some(streams.len() - 1)
-            }
-            _ => {
-                unchecked_outputs.push(output.name().to_string());
-                None
-            }
-        };
-        stream_of.push(index);
-    }
-    let dead_letter_topic = topology.dead_letter_topic();
-    streams.push(stream(&dead_letter_topic, "dead_letter"));
-    let dead_letters = streams.len() - 1;
-
+    let (mut checked, unchecked_outputs) = Checked::of(topology);
     let mut report = Report {
         topology: topology.name.clone(),
         group,
@@ -329,228 +245,41 @@ pub fn run(
     };
 
     // Ranges of every Kafka stream now, and the total for the progress bar.
-    let mut stream_ranges: Vec<Option<Ranges>> = Vec::new();
-    for s in &streams {
-        stream_ranges.push(match s.report.kind {
-            "postgres" => None,
-            _ => topic_ranges(&consumer, &s.report.name)?,
-        });
-    }
-    let mut total: u64 = input_ranges
+    let stream_ranges = checked.ranges(&consumer)?;
+    let all_ranges = scope
+        .input_ranges
         .iter()
-        .chain(stream_ranges.iter().flatten())
-        .flat_map(|r| r.values())
-        .map(|(a, b)| (b - a).max(0) as u64)
-        .sum();
-    let mut read_so_far = 0u64;
-    progress(0, total);
+        .chain(stream_ranges.iter().flatten());
+    let mut reads = Reads {
+        read: 0,
+        total: offsets::span(all_ranges),
+        progress,
+    };
+    reads.show();
 
     // 1. Markers, first: a hanging transaction holds back what read_committed can read.
-    let hanging: Vec<(String, i32)> = if options.markers {
-        let topics: Vec<(&str, &Ranges)> = streams
-            .iter()
-            .zip(&stream_ranges)
-            .filter_map(|(s, r)| Some((s.report.name.as_str(), r.as_ref()?)))
-            .collect();
-        let (written, hanging) = markers(cluster, &topics, options.marker_timeout)?;
-        report.markers = written - hanging.len() as u64;
-        hanging
-    } else {
-        Vec::new()
-    };
-    report.hanging = hanging.iter().map(|(t, p)| format!("{t}[{p}]")).collect();
-
+    let hanging = markers::find_hanging(&scope, &checked.streams, &stream_ranges, &mut report)?;
     report.phase_seconds.markers = started.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 2. The traces: Kafka streams, then PostgreSQL inboxes.
-    for (s, ranges) in streams.iter_mut().zip(&stream_ranges) {
-        let Some(ranges) = ranges else { continue };
-        let topic = s.report.name.clone();
-        // A partition held by a hanging transaction never reaches its end: once the others
-        // have, a short silence ends the read.
-        let idle = if hanging.iter().any(|(t, _)| *t == topic) {
-            options.idle.min(Duration::from_secs(2))
-        } else {
-            options.idle
-        };
-        let (name, kind) = (s.report.name.clone(), s.report.kind);
-        let base = read_so_far;
-        let split = read::Split {
-            cluster,
-            group: READER_GROUP,
-            topic: &topic,
-            ranges,
-            idle,
-            threads: options.threads,
-        };
-        let shares = read::read_ranges_split(
-            &split,
-            || stream(&name, kind),
-            |share: &mut Stream, msg| {
-                attribute(share, msg, &inputs, &input_ranges);
-                Ok::<_, ReconcileError>(())
-            },
-            &mut |n| progress(base + n, total),
-        )?;
-        let mut unfinished = BTreeMap::new();
-        for (share, left) in shares {
-            read_so_far += share.report.records + share.markers_seen;
-            s.merge(share);
-            unfinished.extend(left);
-        }
-        stalled(&topic, unfinished, &hanging, options.idle)?;
-    }
-    for (s, name, config) in &postgres_outputs {
-        let rows = read_inbox(
-            topology,
-            name,
-            config,
-            &mut streams[*s],
-            &inputs,
-            &input_ranges,
-        )
-        .map_err(|error| ReconcileError::Postgres {
-            output: name.to_string(),
-            error,
-        })?;
-        read_so_far += rows;
-        total += rows;
-    }
-    progress(read_so_far, total);
-    report.count_bytes = streams
-        .iter()
-        .flat_map(|s| s.counts.values())
-        .map(Counts::bytes)
-        .sum();
-
+    checked.read(&scope, &stream_ranges, &hanging, &mut reads)?;
+    report.count_bytes = checked.count_bytes();
     report.phase_seconds.outputs = phase.elapsed().as_secs_f64();
     let phase = Instant::now();
     // 3. The inputs, through the pipeline.
-    let on_error = topology.runtime.on_error;
-    let mappings: Vec<Option<(Mapping, bool)>> = topology
-        .outputs
-        .iter()
-        .map(|o| match o.target() {
-            Some(Target::Postgres(c)) => Some((Mapping::new(c), c.event_id.is_some())),
-            _ => None,
-        })
-        .collect();
-    let mut checks = Absorbed::default();
-    let by_traces = !options.rerun_all && traces_decide(topology, &stream_of);
-    report.pipeline_rerun = if by_traces {
-        Rerun::Untraced
-    } else {
-        Rerun::All
-    };
-    for (input, topic) in inputs.iter().enumerate() {
-        let ranges = &input_ranges[input];
-        let mut tallies: BTreeMap<i32, PartitionTally> = ranges
-            .iter()
-            .map(|(&p, &(from, to))| (p, PartitionTally::new(topic, p, from, to)))
-            .collect();
-        let base = read_so_far;
-        let streams = &streams;
-        let (pipeline, stream_of, mappings) = (&pipeline, &stream_of, &mappings);
-        let count = |tallies: &mut BTreeMap<i32, PartitionTally>, p, offset, verdict| {
-            if let Some(&(from, to)) = ranges.get(&p) {
-                tallies
-                    .entry(p)
-                    .or_insert_with(|| PartitionTally::new(topic, p, from, to))
-                    .count(offset, verdict);
-            }
-        };
-        let each = input_reader(|share, msg| {
-            share.read += 1;
-            let (p, offset) = (msg.partition(), msg.offset());
-            if share.at != Some(p) || !share.chunks.first().is_some_and(|c| c.holds(offset)) {
-                share.chunks.clear();
-                share.chunks.extend(streams.iter().map(|s| {
-                    s.counts
-                        .get(&(input, p))
-                        .map_or(Chunk::empty(offset), |c| c.chunk(offset))
-                }));
-                share.at = Some(p);
-            }
-            share.seen.clear();
-            share
-                .seen
-                .extend(share.chunks.iter().map(|c| u32::from(c.get(offset))));
-            let letters = std::mem::take(&mut share.seen[dead_letters]);
-            let traced = by_traces
-                .then(|| tally::decide_by_traces(share.seen.iter().sum(), letters))
-                .flatten();
-            if let Some(verdict) = traced {
-                count(&mut share.tallies, p, offset, verdict);
-                return Ok(());
-            }
-            share.reran += 1;
-            let expected = expect(
-                pipeline,
-                msg,
-                stream_of,
-                mappings,
-                streams.len(),
-                &mut share.produced,
-            );
-            let outputs_seen = &share.seen;
-            let keyed: Vec<usize> = expected.by_event_id.iter().map(|(s, _)| *s).collect();
-            let verdict = match tally::decide_keyed(
-                &expected.expected,
-                outputs_seen,
-                letters,
-                on_error,
-                &keyed,
-            ) {
-                Decision::Known(verdict) => verdict,
-                Decision::Ask { streams, if_found } => {
-                    let ask = expected
-                        .by_event_id
-                        .into_iter()
-                        .filter(|(s, _)| streams.contains(s))
-                        .collect();
-                    share.pending.push(Pending {
-                        partition: p,
-                        offset,
-                        ask,
-                        if_absorbed: if_found,
-                    });
-                    return Ok(());
-                }
-            };
-            count(&mut share.tallies, p, offset, verdict);
-            Ok(())
-        });
-        let split = read::Split {
-            cluster,
-            group: READER_GROUP,
-            topic,
-            ranges,
-            idle: options.idle,
-            threads: options.threads,
-        };
-        let shares = read::read_ranges_split(&split, InputShare::default, each, &mut |n| {
-            progress(base + n, total)
-        })?;
-        let mut unfinished = BTreeMap::new();
-        for (share, left) in shares {
-            read_so_far += share.read;
-            report.pipeline_runs += share.reran;
-            // Each reader had partitions of its own: its tallies replace the empty ones.
-            tallies.extend(share.tallies);
-            checks.pending.extend(share.pending);
-            unfinished.extend(left);
-        }
-        stalled(topic, unfinished, &[], options.idle)?;
-        checks
-            .resolve(topology, &postgres_outputs, &mut tallies)
-            .map_err(|(output, error)| ReconcileError::Postgres { output, error })?;
-        for (_, mut t) in tallies {
-            t.finish();
-            report.partitions.push(t);
-        }
-    }
-    progress(read_so_far, total);
+    inputs::check(&scope, &pipeline, &checked, &mut reads, &mut report)?;
+    reads.show();
+    Ok(finish(report, checked.streams, &reads, started, phase))
+}
 
+/// Sums up the report once everything is read: the mismatches, the verdict, the times.
+fn finish(
+    mut report: Report,
+    streams: Vec<Stream>,
+    reads: &Reads<'_>,
+    started: Instant,
+    inputs_phase: Instant,
+) -> Report {
     report.streams = streams.into_iter().map(|s| s.report).collect();
     report.missing = report.partitions.iter().map(|t| t.missing).sum();
     report.duplicated = report.partitions.iter().map(|t| t.duplicated).sum();
@@ -562,39 +291,11 @@ pub fn run(
         .sum();
     report.ok =
         report.missing == 0 && report.duplicated == 0 && report.hanging.is_empty() && beyond == 0;
-    report.phase_seconds.inputs = phase.elapsed().as_secs_f64();
-    report.records_read = read_so_far;
+    report.phase_seconds.inputs = inputs_phase.elapsed().as_secs_f64();
+    report.records_read = reads.read;
     report.seconds = started.elapsed().as_secs_f64();
-    report.records_per_second = read_so_far as f64 / report.seconds.max(1e-9);
-    Ok(report)
-}
-
-/// Whether the traces of a record decide it wherever it left one
-/// ([`tally::decide_by_traces`]): the topology makes at most one record of each input record,
-/// on its one output, a Kafka topic reconcile checks (not PostgreSQL, whose inbox counts
-/// messages, not records).
-fn traces_decide(topology: &Topology, stream_of: &[Option<usize>]) -> bool {
-    let one_to_one = topology
-        .pipeline
-        .iter()
-        .all(|p| !matches!(p, Processor::Route(_) | Processor::Explode(_)));
-    let checked_topic = matches!(
-        topology.outputs.as_slice(),
-        [output] if output.lineage && matches!(output.target(), Some(Target::Topic(_)))
-    );
-    one_to_one && checked_topic && matches!(stream_of, [Some(_)])
-}
-
-fn stream(name: &str, kind: &'static str) -> Stream {
-    Stream {
-        report: StreamReport {
-            name: name.to_string(),
-            kind,
-            ..StreamReport::default()
-        },
-        counts: Slots::default(),
-        markers_seen: 0,
-    }
+    report.records_per_second = reads.read as f64 / report.seconds.max(1e-9);
+    report
 }
 
 /// The job's pipeline, with its schema registry when it has one.
@@ -613,368 +314,4 @@ fn compile(topology: &Topology) -> Result<Pipeline, ReconcileError> {
         Err(crate::codec::SetupError::Registry(m)) => return Err(ReconcileError::Registry(m)),
     };
     Pipeline::compile_with(topology, codecs).map_err(issues)
-}
-
-/// Every partition of `topic` from its low watermark to the group's committed offset (empty
-/// where the group has none).
-fn committed_ranges(consumer: &BaseConsumer, topic: &str) -> Result<Ranges, ReconcileError> {
-    let marks = read::watermarks(consumer, topic)?;
-    let mut tpl = TopicPartitionList::new();
-    for p in marks.keys() {
-        tpl.add_partition(topic, *p);
-    }
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
-    let mut ranges = Ranges::new();
-    for e in committed.elements() {
-        let (low, _) = marks.get(&e.partition()).copied().unwrap_or((0, 0));
-        let to = match e.offset() {
-            Offset::Offset(o) => o,
-            _ => low,
-        };
-        ranges.insert(e.partition(), (low, to.max(low)));
-    }
-    Ok(ranges)
-}
-
-/// Every partition of `topic` from its low watermark to its end now; `None` when the topic
-/// does not exist (a dead-letter topic nothing was ever sent to).
-fn topic_ranges(consumer: &BaseConsumer, topic: &str) -> Result<Option<Ranges>, ReconcileError> {
-    match read::watermarks(consumer, topic) {
-        Ok(marks) => Ok(Some(marks)),
-        Err(ReadError::NoTopic(_)) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Partitions a read could not finish are an error unless a transaction hangs there (the
-/// report says so already).
-fn stalled(
-    topic: &str,
-    unfinished: BTreeMap<i32, i64>,
-    hanging: &[(String, i32)],
-    idle: Duration,
-) -> Result<(), ReconcileError> {
-    let pending: Vec<i32> = unfinished
-        .keys()
-        .copied()
-        .filter(|p| !hanging.iter().any(|(t, hp)| t == topic && hp == p))
-        .collect();
-    if pending.is_empty() {
-        Ok(())
-    } else {
-        Err(ReconcileError::Stalled {
-            topic: topic.to_string(),
-            idle,
-            pending,
-        })
-    }
-}
-
-/// Where an origin falls against the inputs' ranges.
-enum Place {
-    /// Input index, partition, offset: a checked offset.
-    In(usize, i32, i64),
-    Foreign,
-    Before,
-    Beyond,
-}
-
-fn place(topic: &str, partition: i32, offset: i64, inputs: &[&str], ranges: &[Ranges]) -> Place {
-    let Some(input) = inputs.iter().position(|t| *t == topic) else {
-        return Place::Foreign;
-    };
-    match ranges[input].get(&partition) {
-        None => Place::Foreign,
-        Some(&(from, _)) if offset < from => Place::Before,
-        Some(&(_, to)) if offset >= to => Place::Beyond,
-        Some(_) => Place::In(input, partition, offset),
-    }
-}
-
-fn count_place(s: &mut Stream, where_: Place) {
-    match where_ {
-        Place::In(input, partition, offset) => s
-            .counts
-            .get_or_insert_with((input, partition), Counts::default)
-            .add(offset),
-        Place::Foreign => s.report.foreign += 1,
-        Place::Before => s.report.before_range += 1,
-        Place::Beyond => s.report.beyond_committed += 1,
-    }
-}
-
-/// Counts the origin a record of a Kafka stream names.
-fn attribute(s: &mut Stream, msg: &Polled<'_>, inputs: &[&str], ranges: &[Ranges]) {
-    let Some(headers) = msg.headers() else {
-        s.report.records += 1;
-        s.report.unattributed += 1;
-        return;
-    };
-    // One pass over the headers: the lineage, and whether it is a marker.
-    let mut marker = false;
-    let stamp = lineage::read(
-        headers
-            .iter()
-            .map(|h| (h.key, h.value.unwrap_or_default()))
-            .inspect(|(k, _)| marker |= *k == crate::dlq::H_MARKER),
-    );
-    if marker {
-        s.markers_seen += 1;
-        return;
-    }
-    s.report.records += 1;
-    match stamp {
-        Ok(stamp) => {
-            let where_ = place(stamp.topic, stamp.partition, stamp.offset, inputs, ranges);
-            count_place(s, where_);
-        }
-        Err(lineage::Unstamped::Absent) => s.report.unattributed += 1,
-        Err(lineage::Unstamped::Malformed) => s.report.malformed += 1,
-    }
-}
-
-/// What the topology makes of a consumed record, by stream.
-struct Expectation {
-    expected: Expected,
-    /// Streams of PostgreSQL outputs keyed by event id, with the record's message id there.
-    by_event_id: Vec<(usize, String)>,
-}
-
-fn expect(
-    pipeline: &Pipeline,
-    msg: &Polled<'_>,
-    stream_of: &[Option<usize>],
-    mappings: &[Option<(Mapping, bool)>],
-    streams: usize,
-    produced: &mut Vec<(usize, crate::record::Record)>,
-) -> Expectation {
-    produced.clear();
-    let fails = Expectation {
-        expected: Expected::Fails,
-        by_event_id: Vec::new(),
-    };
-    if pipeline
-        .process(
-            crate::source::kafka::to_record(msg, crate::source::kafka::origin_of(msg)),
-            produced,
-        )
-        .is_err()
-    {
-        return fails;
-    }
-    let mut counts = vec![0u32; streams];
-    let mut unchecked = false;
-    let mut by_event_id = Vec::new();
-    for (index, rec) in produced.iter() {
-        let Some(s) = stream_of.get(*index).copied().flatten() else {
-            unchecked = true;
-            continue;
-        };
-        match mappings.get(*index).and_then(Option::as_ref) {
-            // A PostgreSQL output: one inbox origin per message, if any row of it is
-            // written (an empty value writes none).
-            Some((mapping, keyed)) => {
-                let mut staged = Staged::default();
-                match staged.add(mapping, rec) {
-                    Ok(true) => {
-                        if counts[s] == 0 && *keyed {
-                            by_event_id.push((s, staged.mids[0].clone()));
-                        }
-                        counts[s] = 1;
-                    }
-                    Ok(false) => {}
-                    Err(_) => return fails,
-                }
-            }
-            None => counts[s] += 1,
-        }
-    }
-    Expectation {
-        expected: Expected::Outputs { counts, unchecked },
-        by_event_id,
-    }
-}
-
-/// Reads the origins recorded beside the inbox of a PostgreSQL output; returns the rows read.
-fn read_inbox(
-    topology: &Topology,
-    output: &str,
-    config: &PostgresOutput,
-    s: &mut Stream,
-    inputs: &[&str],
-    ranges: &[Ranges],
-) -> Result<u64, PostgresError> {
-    use futures_util::{StreamExt, pin_mut};
-    let (pg, tls, runtime) = database(config)?;
-    let consumer = format!("{}/{output}", topology.name);
-    let origins = sql::qualified(&sql::origins_table(&config.inbox_table));
-    runtime.block_on(async {
-        let (client, task) = postgres::open(&pg, &tls).await?;
-        let query = format!(
-            "SELECT origin_topic, origin_partition, origin_offset FROM {origins} WHERE consumer = $1"
-        );
-        let rows = client.query_raw(&query, [&consumer]).await?;
-        pin_mut!(rows);
-        let mut n = 0u64;
-        while let Some(row) = rows.next().await {
-            let row = row?;
-            n += 1;
-            s.report.records += 1;
-            let topic: &str = row.try_get(0)?;
-            let partition: i32 = row.try_get(1)?;
-            let offset: i64 = row.try_get(2)?;
-            count_place(s, place(topic, partition, offset, inputs, ranges));
-        }
-        task.abort();
-        Ok(n)
-    })
-}
-
-/// A record whose PostgreSQL trace is to be looked for by event id.
-struct Pending {
-    partition: i32,
-    offset: i64,
-    /// Streams and the message id to find in their inbox.
-    ask: Vec<(usize, String)>,
-    /// The verdict when the inbox holds every one of them.
-    if_absorbed: Verdict,
-}
-
-/// The records of an input whose PostgreSQL trace is looked up by event id, in batches.
-#[derive(Default)]
-struct Absorbed {
-    pending: Vec<Pending>,
-}
-
-impl Absorbed {
-    fn resolve(
-        &mut self,
-        topology: &Topology,
-        postgres_outputs: &[(usize, &str, &PostgresOutput)],
-        tallies: &mut BTreeMap<i32, PartitionTally>,
-    ) -> Result<(), (String, PostgresError)> {
-        let pending = std::mem::take(&mut self.pending);
-        if pending.is_empty() {
-            return Ok(());
-        }
-        // Every asked message id, per stream, looked up in batches of 5,000.
-        let mut found: HashMap<usize, std::collections::HashSet<String>> = HashMap::new();
-        for (s, name, config) in postgres_outputs {
-            let asked: Vec<&str> = pending
-                .iter()
-                .flat_map(|p| p.ask.iter())
-                .filter(|(ps, _)| ps == s)
-                .map(|(_, mid)| mid.as_str())
-                .collect();
-            if asked.is_empty() {
-                continue;
-            }
-            let have = known_messages(topology, name, config, &asked)
-                .map_err(|e| (name.to_string(), e))?;
-            found.insert(*s, have);
-        }
-        for p in pending {
-            let all = p
-                .ask
-                .iter()
-                .all(|(s, mid)| found.get(s).is_some_and(|f| f.contains(mid)));
-            let verdict = if all { p.if_absorbed } else { Verdict::Missing };
-            if let Some(t) = tallies.get_mut(&p.partition) {
-                t.count(p.offset, verdict);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Which of `mids` the inbox of a PostgreSQL output holds.
-fn known_messages(
-    topology: &Topology,
-    output: &str,
-    config: &PostgresOutput,
-    mids: &[&str],
-) -> Result<std::collections::HashSet<String>, PostgresError> {
-    let (pg, tls, runtime) = database(config)?;
-    let consumer = format!("{}/{output}", topology.name);
-    let inbox = sql::qualified(&config.inbox_table);
-    runtime.block_on(async {
-        let (client, task) = postgres::open(&pg, &tls).await?;
-        let query = format!(
-            "SELECT message_id FROM {inbox} WHERE consumer = $1 AND message_id = ANY($2::text[])"
-        );
-        let mut found = std::collections::HashSet::new();
-        for chunk in mids.chunks(5_000) {
-            let list: Vec<&str> = chunk.to_vec();
-            for row in client.query(&query, &[&consumer, &list]).await? {
-                found.insert(row.try_get::<_, String>(0)?);
-            }
-        }
-        task.abort();
-        Ok(found)
-    })
-}
-
-/// Writes a marker to every partition of `topics` (outside any transaction) and waits until
-/// a read_committed reader sees each one. Returns how many were written, and the partitions
-/// whose marker stayed invisible for `timeout`.
-fn markers(
-    cluster: &Cluster,
-    topics: &[(&str, &Ranges)],
-    timeout: Duration,
-) -> Result<(u64, Vec<(String, i32)>), ReconcileError> {
-    let token = format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
-    let producer: BaseProducer = cluster
-        .config()
-        .set("acks", "all")
-        .set("linger.ms", "0")
-        .create()?;
-    let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-        key: crate::dlq::H_MARKER,
-        value: Some(token.as_bytes()),
-    });
-    let mut written = 0u64;
-    for (topic, ranges) in topics {
-        for p in ranges.keys() {
-            let record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
-                .partition(*p)
-                .payload(&[][..])
-                .headers(headers.clone());
-            producer.send(record).map_err(|(e, _)| e)?;
-            written += 1;
-        }
-    }
-    producer.flush(timeout)?;
-    // Read from where each partition ended before the markers.
-    let deadline = Instant::now() + timeout;
-    let consumer = read::reader(cluster, "onceflow.reconcile")?;
-    let mut left: std::collections::BTreeSet<(String, i32)> = std::collections::BTreeSet::new();
-    let mut tpl = TopicPartitionList::new();
-    for (topic, ranges) in topics {
-        for (p, (_, end)) in ranges.iter() {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(*end))?;
-            left.insert((topic.to_string(), *p));
-        }
-    }
-    consumer.assign(&tpl)?;
-    while !left.is_empty() && Instant::now() < deadline {
-        let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let msg = polled?;
-        let ours = msg.headers().is_some_and(|hs| {
-            hs.iter()
-                .any(|h| h.key == crate::dlq::H_MARKER && h.value == Some(token.as_bytes()))
-        });
-        if ours {
-            left.remove(&(msg.topic().to_string(), msg.partition()));
-        }
-    }
-    let hanging = left.into_iter().collect();
-    Ok((written, hanging))
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{AsyncMessage, Client, Statement};
 
-use crate::sink::postgres::{PostgresError, client_config, open};
+use crate::pg::{PgError, client_config, open};
 use crate::telemetry;
 use crate::topology::OutboxInput;
 
@@ -32,7 +32,7 @@ impl Drop for Conn {
 
 impl Relay<'_> {
     /// Connects, listens on the notify channel, prepares the statements.
-    pub(super) fn connect(&mut self) -> Result<(), PostgresError> {
+    pub(super) fn connect(&mut self) -> Result<(), PgError> {
         // The timer is made inside block_on: it needs the runtime's reactor.
         let conn = self.runtime.block_on(async {
             tokio::time::timeout(
@@ -41,7 +41,7 @@ impl Relay<'_> {
             )
             .await
         });
-        let conn = conn.map_err(|_| PostgresError::Timeout(Duration::from_secs(30)))??;
+        let conn = conn.map_err(|_| PgError::Timeout(Duration::from_secs(30)))??;
         telemetry::relay_connected(&self.config.table);
         self.conn = Some(conn);
         self.next_housekeeping = Instant::now();
@@ -100,11 +100,11 @@ pub(super) async fn inspect(
     let limit = Duration::from_secs(30);
     let (client, task) = tokio::time::timeout(limit, open(pg, tls))
         .await
-        .map_err(|_| PostgresError::Timeout(Duration::from_secs(30)))??;
+        .map_err(|_| PgError::Timeout(Duration::from_secs(30)))??;
     let rows = client
         .query(COLUMNS_SQL, &[&config.table])
         .await
-        .map_err(PostgresError::from)?;
+        .map_err(PgError::from)?;
     task.abort();
     let columns: Vec<Column> = rows
         .iter()
@@ -123,7 +123,7 @@ async fn connect(
     tls: &Option<postgres_openssl::MakeTlsConnector>,
     layout: &Layout,
     config: &OutboxInput,
-) -> Result<Conn, PostgresError> {
+) -> Result<Conn, PgError> {
     let (tx, notified) = tokio::sync::mpsc::unbounded_channel();
     let (client, task) = match tls {
         None => {

@@ -50,9 +50,9 @@ use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
 
 use crate::instance::{Identity, RunOptions, Summary};
+use crate::pg::PgError;
 use crate::record::RecordError;
 use crate::retry::{Backoff, Retries};
-use crate::sink::postgres::PostgresError;
 use crate::telemetry;
 use crate::topology::{OutboxInput, Topology};
 use crate::transform::Pipeline;
@@ -71,7 +71,7 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("outbox: {0}")]
-    Database(#[from] PostgresError),
+    Database(#[from] PgError),
     #[error("{0}")]
     Layout(#[from] LayoutError),
     #[error("outbox: environment variable {0} (url_env) is not set")]
@@ -195,7 +195,7 @@ impl Relay<'_> {
 
     /// The connection failed: with it go the session's shard locks, so every shard is given
     /// up (its publisher dropped: whoever takes it next fences it and resolves it).
-    fn lost_connection(&mut self, e: &PostgresError) {
+    fn lost_connection(&mut self, e: &PgError) {
         telemetry::relay_connection_lost(&self.config.table, self.shards.len(), e);
         self.shards.clear();
         self.conn = None;
@@ -231,7 +231,7 @@ impl Relay<'_> {
 /// How a round failed.
 enum Failed {
     /// The database: the connection (and its shard locks) is given up.
-    Database(PostgresError),
+    Database(PgError),
     /// Kafka: the shard is resolved again.
     Kafka(String),
     /// The relay cannot go on.

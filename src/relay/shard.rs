@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 
 use crate::kafka::clients;
-use crate::sink::postgres::PostgresError;
+use crate::pg::PgError;
 use crate::telemetry;
 use crate::txn::{Publisher, TxnError};
 
@@ -35,7 +35,7 @@ pub(super) fn transactional_id(topology: &str, table: &str, shard: u32) -> Strin
 impl Relay<'_> {
     /// Takes free shards (up to `max_shards`), takes the age of the oldest row and, now and
     /// then, counts the rows waiting.
-    pub(super) fn housekeeping(&mut self) -> Result<(), PostgresError> {
+    pub(super) fn housekeeping(&mut self) -> Result<(), PgError> {
         let Some(conn) = &self.conn else {
             return Ok(());
         };
@@ -79,7 +79,7 @@ impl Relay<'_> {
                 ),
                 None => None,
             };
-            Ok::<_, PostgresError>((rows, oldest))
+            Ok::<_, PgError>((rows, oldest))
         })?;
         for shard in taken {
             telemetry::shard_taken(&self.config.table, shard);
@@ -147,7 +147,7 @@ impl Relay<'_> {
     /// Deletes rows by id, in a transaction of its own; returns how many were there.
     fn delete(&mut self, shard: u32, ids: Vec<String>) -> Result<u64, Failed> {
         let Some(conn) = &self.conn else {
-            return Err(Failed::Database(PostgresError::Timeout(Duration::ZERO)));
+            return Err(Failed::Database(PgError::Timeout(Duration::ZERO)));
         };
         let result = self
             .runtime

@@ -14,7 +14,7 @@ use super::ConfigIssue;
 pub struct PostgresOutput {
     /// Name of the environment variable that holds the connection URL
     /// (`postgres://user:password@host:port/database?sslmode=verify-full&sslrootcert=ca.pem`),
-    /// so no secret sits in the file. TLS follows libpq's `sslmode` ([`crate::sink::postgres::tls`]).
+    /// so no secret sits in the file. TLS follows libpq's `sslmode` ([`crate::pg::tls`]).
     pub url_env: String,
     /// Target table, optionally schema-qualified (`sales.orders`). onceflow never alters it;
     /// it needs a primary key or unique index on exactly `id_columns`.

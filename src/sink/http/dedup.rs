@@ -17,9 +17,8 @@ use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::Client;
 
 use super::HttpError;
+use crate::pg::{self, Class, InboxReader, PgError};
 use crate::retry::Retries;
-use crate::sink::SinkErrorKind;
-use crate::sink::postgres::{self, PostgresError, sql};
 use crate::telemetry;
 use crate::topology::http::DedupPostgres;
 
@@ -35,7 +34,7 @@ const CLEANUP_INTERVAL: Duration = Duration::from_secs(300);
 pub(super) struct Recorder {
     client: Client,
     consumer: String,
-    seen_sql: String,
+    inbox: InboxReader,
     record_sql: String,
 }
 
@@ -49,8 +48,8 @@ impl Recorder {
         };
         match tokio::time::timeout(STATEMENT_TIMEOUT, insert).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(dedup_error(PostgresError::Db(e))),
-            Err(_) => Err(dedup_error(PostgresError::Timeout(STATEMENT_TIMEOUT))),
+            Ok(Err(e)) => Err(dedup_error(PgError::Db(e))),
+            Err(_) => Err(dedup_error(PgError::Timeout(STATEMENT_TIMEOUT))),
         }
     }
 }
@@ -77,9 +76,9 @@ impl Drop for Delivered {
 }
 
 /// A database error of the dedup inbox, with its severity.
-fn dedup_error(e: PostgresError) -> HttpError {
+fn dedup_error(e: PgError) -> HttpError {
     HttpError::Dedup {
-        transient: e.kind() == SinkErrorKind::Transient,
+        transient: e.class() == Class::Transient,
         message: e.to_string(),
     }
 }
@@ -94,8 +93,8 @@ impl Delivered {
         runtime: &tokio::runtime::Runtime,
     ) -> Result<Delivered, HttpError> {
         let url = std::env::var(&config.url_env)
-            .map_err(|_| dedup_error(PostgresError::MissingUrl(config.url_env.clone())))?;
-        let (pg, tls) = postgres::client_config(
+            .map_err(|_| dedup_error(PgError::MissingUrl(config.url_env.clone())))?;
+        let (pg, tls) = pg::client_config(
             &url,
             &config.url_env,
             &format!("onceflow/{topology}/{output}"),
@@ -137,10 +136,10 @@ impl Delivered {
     /// Creates the inbox if missing and opens the connection the calls use.
     async fn prepare(&mut self) -> Result<(), HttpError> {
         let recorder = self.recorder().await?;
-        let created = postgres::ensure_tables(&recorder.client, &self.inbox, false);
+        let created = pg::ensure_tables(&recorder.client, &self.inbox, false);
         match tokio::time::timeout(STATEMENT_TIMEOUT, created).await {
             Ok(done) => done.map_err(dedup_error),
-            Err(_) => Err(dedup_error(PostgresError::Timeout(STATEMENT_TIMEOUT))),
+            Err(_) => Err(dedup_error(PgError::Timeout(STATEMENT_TIMEOUT))),
         }
     }
 
@@ -154,22 +153,19 @@ impl Delivered {
         if let Some((_, task)) = self.conn.take() {
             task.abort();
         }
-        let opened = tokio::time::timeout(STATEMENT_TIMEOUT, postgres::open(&self.pg, &self.tls));
+        let opened = tokio::time::timeout(STATEMENT_TIMEOUT, pg::open(&self.pg, &self.tls));
         let (client, task) = match opened.await {
             Ok(opened) => opened.map_err(dedup_error)?,
-            Err(_) => return Err(dedup_error(PostgresError::Timeout(STATEMENT_TIMEOUT))),
+            Err(_) => return Err(dedup_error(PgError::Timeout(STATEMENT_TIMEOUT))),
         };
         let recorder = Arc::new(Recorder {
             client,
             consumer: self.consumer.clone(),
-            seen_sql: format!(
-                "SELECT message_id FROM {} WHERE consumer = $1::text AND message_id = ANY($2::text[])",
-                sql::qualified(&self.inbox)
-            ),
+            inbox: InboxReader::new(&self.inbox, &self.consumer),
             record_sql: format!(
                 "INSERT INTO {} (consumer, message_id) VALUES ($1::text, $2::text) \
                  ON CONFLICT DO NOTHING",
-                sql::qualified(&self.inbox)
+                pg::qualified(&self.inbox)
             ),
         });
         self.conn = Some((Arc::clone(&recorder), task));
@@ -182,17 +178,11 @@ impl Delivered {
         keys: &[&str],
     ) -> Result<(Arc<Recorder>, HashSet<String>), HttpError> {
         let recorder = self.recorder().await?;
-        let query = async {
-            recorder
-                .client
-                .query(recorder.seen_sql.as_str(), &[&recorder.consumer, &keys])
-                .await
+        let query = recorder.inbox.known(&recorder.client, keys);
+        let seen = match tokio::time::timeout(STATEMENT_TIMEOUT, query).await {
+            Ok(seen) => seen.map_err(dedup_error)?,
+            Err(_) => return Err(dedup_error(PgError::Timeout(STATEMENT_TIMEOUT))),
         };
-        let rows = match tokio::time::timeout(STATEMENT_TIMEOUT, query).await {
-            Ok(rows) => rows.map_err(|e| dedup_error(PostgresError::Db(e)))?,
-            Err(_) => return Err(dedup_error(PostgresError::Timeout(STATEMENT_TIMEOUT))),
-        };
-        let seen = rows.iter().map(|r| r.get::<_, String>(0)).collect();
         self.clean().await;
         Ok((recorder, seen))
     }
@@ -207,7 +197,7 @@ impl Delivered {
         let Some((recorder, _)) = &self.conn else {
             return;
         };
-        let sql = sql::cleanup_inbox(&self.inbox);
+        let sql = pg::cleanup_inbox(&self.inbox);
         let removed = async {
             recorder
                 .client
@@ -219,11 +209,10 @@ impl Delivered {
         };
         match tokio::time::timeout(STATEMENT_TIMEOUT, removed).await {
             Ok(Ok(rows)) => telemetry::inbox_cleaned(&self.output, rows, 0),
-            Ok(Err(e)) => telemetry::inbox_cleanup_failed(&self.output, &PostgresError::Db(e)),
-            Err(_) => telemetry::inbox_cleanup_failed(
-                &self.output,
-                &PostgresError::Timeout(STATEMENT_TIMEOUT),
-            ),
+            Ok(Err(e)) => telemetry::inbox_cleanup_failed(&self.output, &PgError::Db(e)),
+            Err(_) => {
+                telemetry::inbox_cleanup_failed(&self.output, &PgError::Timeout(STATEMENT_TIMEOUT))
+            }
         }
     }
 }

@@ -1,157 +1,14 @@
-//! Staging: consumed records become rows, waiting for the flush. Pure: no database and no
-//! async type here, so the mapping is unit-tested with plain values.
+//! Staging: consumed records become rows ([`crate::pg::Mapping`]), waiting for the flush.
+//! Pure: no database and no async type here, so staging is unit-tested with plain values.
 //!
 //! A batch is kept by column: one array of text values per mapped column, plus the message's
 //! identity in the inbox (`mids`) and whether it is a deletion. The flush sends them as
-//! `text[]` parameters and PostgreSQL casts each value to its column's type (`unnest($n::text[])`
-//! then `::type`), so the mapping needs no knowledge of the types beyond which columns are
-//! arrays. A row's position in the arrays is its order in the batch (the last one wins among
-//! unversioned rows of one id).
+//! `text[]` parameters and PostgreSQL casts each value to its column's type. A row's position
+//! in the arrays is its order in the batch (the last one wins among unversioned rows of one
+//! id).
 
-use serde_json::Value;
-
+use crate::pg::{Mapping, RecordError};
 use crate::record::{Origin, Record};
-use crate::topology::postgres::{EventId, PostgresOutput};
-
-/// Where a column's value comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Source {
-    /// A path into the JSON value.
-    Path(Vec<String>),
-    Key,
-    Topic,
-    Partition,
-    Offset,
-    Timestamp,
-}
-
-impl Source {
-    fn parse(field: &str) -> Source {
-        match field {
-            "$key" => Source::Key,
-            "$topic" => Source::Topic,
-            "$partition" => Source::Partition,
-            "$offset" => Source::Offset,
-            "$timestamp" => Source::Timestamp,
-            path => Source::Path(path.split('.').map(str::to_string).collect()),
-        }
-    }
-
-    fn read(&self, record: &Record, value: &Value) -> Value {
-        match self {
-            Source::Path(path) => lookup(value, path).cloned().unwrap_or(Value::Null),
-            Source::Key => record.key.as_ref().map_or(Value::Null, |k| {
-                Value::String(String::from_utf8_lossy(k).into())
-            }),
-            Source::Topic => Value::String(record.origin.topic.to_string()),
-            Source::Partition => Value::from(record.origin.partition),
-            Source::Offset => Value::from(record.origin.offset),
-            Source::Timestamp => record.timestamp.map_or(Value::Null, Value::from),
-        }
-    }
-}
-
-/// The value at `path`; a numeric step indexes an array.
-fn lookup<'v>(value: &'v Value, path: &[String]) -> Option<&'v Value> {
-    path.iter().try_fold(value, |v, step| match v {
-        Value::Object(map) => map.get(step),
-        Value::Array(items) => items.get(step.parse::<usize>().ok()?),
-        _ => None,
-    })
-}
-
-/// A record that cannot become a row: its own fault, whatever the database says.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
-    #[error("the value is not a JSON object: {0}")]
-    NotAnObject(String),
-    #[error("field `{field}` for column `{column}` is missing or null")]
-    Missing { column: String, field: String },
-    #[error("the event id ({0}) is missing")]
-    NoEventId(String),
-}
-
-/// How records map to rows, compiled from a [`PostgresOutput`].
-#[derive(Debug, Clone)]
-pub struct Mapping {
-    /// Column name and where its value comes from, in column order.
-    columns: Vec<(String, Source)>,
-    /// Whether each column is of an array type: a JSON array becomes an array literal.
-    arrays: Vec<bool>,
-    /// Columns that must not be null: ids and the version.
-    required: Vec<usize>,
-    delete_when: Option<Vec<String>>,
-    event_id: Option<EventId>,
-}
-
-impl Mapping {
-    pub fn new(config: &PostgresOutput) -> Mapping {
-        let columns: Vec<(String, Source)> = config
-            .columns
-            .iter()
-            .map(|(column, field)| (column.clone(), Source::parse(field)))
-            .collect();
-        let required = columns
-            .iter()
-            .enumerate()
-            .filter(|(_, (c, _))| {
-                config.id_columns.contains(c) || config.ordering_column() == Some(c.as_str())
-            })
-            .map(|(i, _)| i)
-            .collect();
-        Mapping {
-            arrays: vec![false; columns.len()],
-            columns,
-            required,
-            delete_when: config
-                .delete_when
-                .as_ref()
-                .map(|p| p.split('.').map(str::to_string).collect()),
-            event_id: config.event_id.clone(),
-        }
-    }
-
-    /// Marks the columns whose type (`format_type`) is an array.
-    pub fn with_types(mut self, types: &[(String, String)]) -> Mapping {
-        for (i, (column, _)) in self.columns.iter().enumerate() {
-            self.arrays[i] = types.iter().any(|(c, t)| c == column && t.ends_with("[]"));
-        }
-        self
-    }
-
-    /// How many columns a row has.
-    pub fn width(&self) -> usize {
-        self.columns.len()
-    }
-
-    /// The message's identity in the inbox.
-    fn message_id(&self, record: &Record, value: &Value) -> Result<String, RecordError> {
-        match &self.event_id {
-            None => Ok(coordinates(&record.origin)),
-            Some(EventId::Header(name)) => record
-                .headers
-                .iter()
-                .rev()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| RecordError::NoEventId(format!("header `{name}`"))),
-            Some(EventId::Field(path)) => {
-                let steps: Vec<String> = path.split('.').map(str::to_string).collect();
-                match lookup(value, &steps) {
-                    Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-                    Some(v @ Value::Number(_)) => Ok(v.to_string()),
-                    _ => Err(RecordError::NoEventId(format!("field `{path}`"))),
-                }
-            }
-        }
-    }
-}
-
-/// `topic/partition/offset`: a consumed message's identity by default.
-pub fn coordinates(origin: &Origin) -> String {
-    format!("{}/{}/{}", origin.topic, origin.partition, origin.offset)
-}
 
 /// The rows waiting for the next flush, by column.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -204,43 +61,17 @@ impl Staged {
     /// Adds `record` as a row. Records without a value (Kafka tombstones, empty values)
     /// write nothing: `Ok(false)`.
     pub fn add(&mut self, mapping: &Mapping, record: &Record) -> Result<bool, RecordError> {
-        let Some(bytes) = record.value.as_deref().filter(|v| !v.is_empty()) else {
+        let Some(row) = mapping.row(record)? else {
             return Ok(false);
         };
-        let value: Value = match serde_json::from_slice(bytes) {
-            Ok(v @ Value::Object(_)) => v,
-            Ok(other) => return Err(RecordError::NotAnObject(kind_of(&other).into())),
-            Err(e) => return Err(RecordError::NotAnObject(format!("invalid JSON ({e})"))),
-        };
-        let values: Vec<Value> = mapping
-            .columns
-            .iter()
-            .map(|(_, source)| source.read(record, &value))
-            .collect();
-        for &i in &mapping.required {
-            if values[i].is_null() {
-                let (column, source) = &mapping.columns[i];
-                return Err(RecordError::Missing {
-                    column: column.clone(),
-                    field: describe(source),
-                });
-            }
-        }
-        let deleted = mapping
-            .delete_when
-            .as_ref()
-            .and_then(|path| lookup(&value, path))
-            .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)));
-        let mid = mapping.message_id(record, &value)?;
-
         if self.columns.len() != mapping.width() {
             self.columns = vec![Vec::new(); mapping.width()];
         }
-        for ((column, v), array) in self.columns.iter_mut().zip(values).zip(&mapping.arrays) {
-            column.push(to_text(v, *array));
+        for (column, value) in self.columns.iter_mut().zip(row.values) {
+            column.push(value);
         }
-        self.mids.push(mid);
-        self.deleted.push(deleted);
+        self.mids.push(row.mid);
+        self.deleted.push(row.deleted);
         self.origins.push(record.origin.clone());
         self.origin_topics.push(record.origin.topic.to_string());
         self.origin_partitions.push(record.origin.partition);
@@ -286,81 +117,11 @@ impl Staged {
     }
 }
 
-/// A JSON value as the text PostgreSQL reads into a column: strings as they are, numbers and
-/// booleans as written, objects (and arrays, unless the column is an array) as JSON, arrays
-/// into an array column as an array literal.
-fn to_text(v: Value, array_column: bool) -> Option<String> {
-    match v {
-        Value::Null => None,
-        Value::String(s) => Some(s),
-        Value::Bool(b) => Some(b.to_string()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Array(items) if array_column => {
-            let mut out = String::new();
-            array_literal(&items, &mut out);
-            Some(out)
-        }
-        other => Some(other.to_string()),
-    }
-}
-
-/// `{1,"a \"b\"",NULL,{2,3}}`: PostgreSQL's array input syntax.
-fn array_literal(items: &[Value], out: &mut String) {
-    out.push('{');
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        match item {
-            Value::Null => out.push_str("NULL"),
-            Value::Array(inner) => array_literal(inner, out),
-            Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Value::Number(n) => out.push_str(&n.to_string()),
-            Value::String(s) => quote_element(s, out),
-            Value::Object(_) => quote_element(&item.to_string(), out),
-        }
-    }
-    out.push('}');
-}
-
-fn quote_element(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn describe(source: &Source) -> String {
-    match source {
-        Source::Path(p) => p.join("."),
-        Source::Key => "$key".into(),
-        Source::Topic => "$topic".into(),
-        Source::Partition => "$partition".into(),
-        Source::Offset => "$offset".into(),
-        Source::Timestamp => "$timestamp".into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::topology::Topology;
-    use serde_json::json;
+    use crate::topology::postgres::PostgresOutput;
 
     fn config(extra: &str) -> PostgresOutput {
         let text = format!(
@@ -390,7 +151,7 @@ mod tests {
     }
 
     fn column(staged: &Staged, mapping: &Mapping, name: &str) -> Vec<Option<String>> {
-        let i = mapping.columns.iter().position(|(c, _)| c == name).unwrap();
+        let i = mapping.position(name).unwrap();
         staged.columns[i].clone()
     }
 
@@ -425,19 +186,6 @@ mod tests {
         ] {
             assert_eq!(column(&staged, &mapping, name), vec![some(value)], "{name}");
         }
-    }
-
-    #[test]
-    fn values_become_the_text_postgres_reads() {
-        assert_eq!(to_text(Value::Null, false), None);
-        assert_eq!(to_text(json!(true), false), some("true"));
-        assert_eq!(to_text(json!(12.5), false), some("12.5"));
-        assert_eq!(to_text(json!({"a": [1]}), false), some(r#"{"a":[1]}"#));
-        assert_eq!(to_text(json!([1, 2]), false), some("[1,2]"));
-        assert_eq!(
-            to_text(json!([1, null, [2, 3], "x \"y\" \\", true]), true),
-            some(r#"{1,NULL,{2,3},"x \"y\" \\",true}"#)
-        );
     }
 
     #[test]

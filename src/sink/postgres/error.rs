@@ -1,10 +1,11 @@
 //! What can go wrong in the PostgreSQL sink, and the one place that decides what each error
-//! means: retry (transient), the record's fault (permanent), or the job's setup (fatal).
+//! means: retry (transient), the record's fault (permanent), or the job's setup (fatal). A
+//! database error means what its [`Class`] says.
 
 use std::time::Duration;
 
-use super::batch::RecordError;
 use super::gaps::Gap;
+use crate::pg::{self, Class, PgError, RecordError};
 use crate::sink::SinkErrorKind;
 use crate::topology::postgres::OnSequenceGap;
 
@@ -21,7 +22,7 @@ pub enum PostgresError {
     Runtime(std::io::Error),
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error("{}", describe(.0))]
+    #[error("{}", pg::describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("no answer from the database within {0:?}")]
     Timeout(Duration),
@@ -46,13 +47,7 @@ impl PostgresError {
                 OnSequenceGap::Fail => SinkErrorKind::Fatal,
                 OnSequenceGap::Apply | OnSequenceGap::DeadLetter => SinkErrorKind::Permanent,
             },
-            PostgresError::Db(e) => match e.code() {
-                Some(code) => kind_of_sqlstate(code.code()),
-                None if is_connection_error(e) => SinkErrorKind::Transient,
-                // A client-side error (parameters, types, configuration): a bug or a setup
-                // problem that no retry fixes.
-                None => SinkErrorKind::Fatal,
-            },
+            PostgresError::Db(e) => severity(pg::class_of(e)),
             PostgresError::MissingUrl(_)
             | PostgresError::BadUrl { .. }
             | PostgresError::Schema(_)
@@ -84,79 +79,31 @@ impl crate::sink::SinkCause for PostgresError {
     }
 }
 
-/// Whether an error without SQLSTATE is about the connection: it broke, closed, could not be
-/// made, or the server did not answer.
-fn is_connection_error(e: &tokio_postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if cause.is::<std::io::Error>() {
-            return true;
+/// Each error of [`crate::pg`] as the sink's variant of the same name.
+impl From<PgError> for PostgresError {
+    fn from(e: PgError) -> Self {
+        match e {
+            PgError::MissingUrl(var) => PostgresError::MissingUrl(var),
+            PgError::BadUrl { var, message } => PostgresError::BadUrl { var, message },
+            PgError::Runtime(e) => PostgresError::Runtime(e),
+            PgError::Db(e) => PostgresError::Db(e),
+            PgError::Timeout(limit) => PostgresError::Timeout(limit),
         }
-        source = cause.source();
     }
-    let text = e.to_string();
-    [
-        "error connecting to server",
-        "error communicating with the server",
-        "timeout waiting for server",
-        "connection closed",
-        "unexpected message from server",
-    ]
-    .iter()
-    .any(|m| text.starts_with(m))
 }
 
-/// Classifies a SQLSTATE (PostgreSQL's appendix A).
+/// What a class of database error is to a sink.
+fn severity(class: Class) -> SinkErrorKind {
+    match class {
+        Class::Transient => SinkErrorKind::Transient,
+        Class::Data => SinkErrorKind::Permanent,
+        Class::Setup => SinkErrorKind::Fatal,
+    }
+}
+
+/// Classifies a SQLSTATE (PostgreSQL's appendix A, [`crate::pg::Class`]).
 pub fn kind_of_sqlstate(code: &str) -> SinkErrorKind {
-    const TRANSIENT: &[&str] = &[
-        "08",    // connection exception
-        "40001", // serialization failure
-        "40P01", // deadlock detected
-        "53",    // insufficient resources (disk full, out of memory, too many connections)
-        "57P01", // admin shutdown (the server is stopping)
-        "57P02", // crash shutdown
-        "57P03", // cannot connect now (starting up, recovering)
-        "57014", // query canceled (statement timeout)
-        "55P03", // lock not available
-        "58",    // system error (I/O)
-    ];
-    const PERMANENT: &[&str] = &[
-        "22", // data exception: a value that does not fit its column
-        "23", // integrity constraint violation: not null, unique, check, foreign key
-    ];
-    if TRANSIENT.iter().any(|p| code.starts_with(p)) {
-        SinkErrorKind::Transient
-    } else if PERMANENT.iter().any(|p| code.starts_with(p)) {
-        SinkErrorKind::Permanent
-    } else {
-        SinkErrorKind::Fatal
-    }
-}
-
-/// A database error with its SQLSTATE, message, detail and hint; other errors with their
-/// causes (tokio-postgres says only "db error" or "error connecting to server" otherwise).
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let mut s = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
-        if let Some(detail) = db.detail() {
-            s.push_str(&format!(" (detail: {detail})"));
-        }
-        if let Some(hint) = db.hint() {
-            s.push_str(&format!(" (hint: {hint})"));
-        }
-        return s;
-    }
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
+    severity(pg::class_of_sqlstate(code))
 }
 
 #[cfg(test)]

@@ -10,25 +10,22 @@
 //! The engine's loop is a blocking thread: the sink owns a small current-thread tokio runtime
 //! and calls `block_on` on it; nothing here ever runs on another executor's worker.
 
-pub mod batch;
-mod connect;
+mod batch;
 pub mod error;
 pub mod gaps;
-pub mod sql;
-pub mod tls;
+mod sql;
 
 use std::time::{Duration, Instant};
 
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, Statement};
 
-pub use batch::RecordError;
-use batch::{Mapping, Staged};
-use connect::AbortOnDrop;
-pub(crate) use connect::{client_config, ensure_origins, ensure_tables, open};
+use batch::Staged;
 pub use error::PostgresError;
 
 use super::{SinkError, SinkErrorKind};
+pub use crate::pg::RecordError;
+use crate::pg::{self, AbortOnDrop, Mapping, client_config, ensure_origins, ensure_tables, open};
 use crate::record::{Origin, Record};
 use crate::retry::Retries;
 use crate::telemetry;
@@ -135,13 +132,13 @@ impl PostgresSink {
         config: &PostgresOutput,
         url: &str,
     ) -> Result<PostgresSink, SinkError> {
-        let fail = |cause| SinkError::new(output, None, cause);
+        let fail = |cause: PostgresError| SinkError::new(output, None, cause);
         let (pg, tls) = client_config(
             url,
             &config.url_env,
             &format!("onceflow/{topology}/{output}"),
         )
-        .map_err(fail)?;
+        .map_err(|e| fail(e.into()))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -467,7 +464,7 @@ impl PostgresSink {
     /// message applied before.
     fn is_inbox_conflict(&self, e: &tokio_postgres::Error) -> bool {
         let inbox = self.config.inbox_table.rsplit('.').next().unwrap_or("");
-        let origins = sql::origins_table(inbox);
+        let origins = pg::origins_table(inbox);
         let table = e.as_db_error().and_then(|d| d.table());
         e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
             && (table == Some(inbox) || table == Some(origins.as_str()))
@@ -624,8 +621,8 @@ impl PostgresSink {
         }
         let hours = i32::try_from(self.config.inbox_retention_hours).unwrap_or(i32::MAX);
         let markers = self.config.delete_when.is_some() && self.config.ordering_column().is_some();
-        let inbox_sql = sql::cleanup_inbox_and_origins(&self.config.inbox_table);
-        let markers_sql = sql::cleanup_tombstones(&self.config.inbox_table);
+        let inbox_sql = pg::cleanup_inbox_and_origins(&self.config.inbox_table);
+        let markers_sql = pg::cleanup_tombstones(&self.config.inbox_table);
         let (consumer, target) = (self.consumer.clone(), self.target.clone());
         let result = self.connection().and_then(|()| {
             let PostgresSink { runtime, conn, .. } = &mut *self;
@@ -730,7 +727,7 @@ async fn inspect(
     client: &Client,
     config: &PostgresOutput,
 ) -> Result<(String, Vec<(String, String)>), PostgresError> {
-    let table = sql::qualified(&config.table);
+    let table = pg::qualified(&config.table);
     let schema_error = |m: String| PostgresError::Schema(format!("table `{}`: {m}", config.table));
     let Some(name) = client.query_opt(sql::TABLE_NAME, &[&table]).await? else {
         return Err(schema_error(

@@ -34,129 +34,14 @@
 
 use std::fmt::Write;
 
+use crate::pg::{ident, origins_table, qualified, tombstones_table};
 use crate::topology::postgres::{OnSequenceGap, PostgresOutput};
-
-/// Quotes an identifier (`"a""b"`).
-pub fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Quotes a possibly schema-qualified name (`sales.orders` -> `"sales"."orders"`).
-pub fn qualified(name: &str) -> String {
-    name.split('.').map(ident).collect::<Vec<_>>().join(".")
-}
-
-/// The unqualified part of a name.
-fn base_name(name: &str) -> &str {
-    name.rsplit('.').next().unwrap_or(name)
-}
-
-/// The tombstones table: beside the inbox, in the same schema.
-pub fn tombstones_table(inbox: &str) -> String {
-    match inbox.rsplit_once('.') {
-        Some((schema, _)) => format!("{schema}.onceflow_tombstones"),
-        None => "onceflow_tombstones".to_string(),
-    }
-}
-
-/// The origins table of an inbox: beside it, named after it (`<inbox>_origins`). One row per
-/// inbox row of a PostgreSQL output: the consumed record (topic, partition, offset) that
-/// brought the message first, so that a row's origin is a join away
-/// (`USING (consumer, message_id)`) and `onceflow reconcile` can check the output by origin.
-/// A table of its own rather than columns of the inbox: an existing inbox stays as it is
-/// (nothing to migrate), and the HTTP outputs' inboxes do without it.
-pub fn origins_table(inbox: &str) -> String {
-    format!("{inbox}_origins")
-}
-
-/// Creates the origins table of `inbox` if missing (see [`origins_table`]).
-pub fn create_origins_table(inbox: &str) -> String {
-    format!(
-        "CREATE TABLE IF NOT EXISTS {q} (\n\
-         \x20 consumer         text COLLATE \"C\" NOT NULL,\n\
-         \x20 message_id       text COLLATE \"C\" NOT NULL,\n\
-         \x20 origin_topic     text   NOT NULL,\n\
-         \x20 origin_partition int    NOT NULL,\n\
-         \x20 origin_offset    bigint NOT NULL,\n\
-         \x20 PRIMARY KEY (consumer, message_id)\n\
-         );\n",
-        q = qualified(&origins_table(inbox)),
-    )
-}
-
-/// Deletes up to `$3` expired inbox rows of consumer `$1` (older than `$2` hours) and their
-/// origins, returning how many inbox rows went.
-pub fn cleanup_inbox_and_origins(inbox: &str) -> String {
-    let q = qualified(inbox);
-    format!(
-        "WITH gone AS (DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
-         WHERE consumer = $1::text AND received_at < now() - make_interval(hours => $2::int) \
-         LIMIT $3::int) RETURNING consumer, message_id),\n\
-         unlinked AS (DELETE FROM {origins} o USING gone g \
-         WHERE o.consumer = g.consumer AND o.message_id = g.message_id)\n\
-         SELECT count(*) FROM gone",
-        origins = qualified(&origins_table(inbox)),
-    )
-}
 
 /// The number of the first parameter of the origin arrays in [`apply_batch`]'s statement:
 /// after the inbox consumer and, when deletions leave markers, the target's name.
 pub fn origin_params(config: &PostgresOutput) -> usize {
     let markers = config.delete_when.is_some() && config.ordering_column().is_some();
     4 + config.columns.len() + usize::from(markers)
-}
-
-/// Creates the inbox (and, when deletions are versioned, the tombstones table) if missing.
-/// Run under an advisory lock: two instances starting together must not race on DDL.
-pub fn create_tables(inbox: &str, tombstones: bool) -> String {
-    let inbox_base = base_name(inbox);
-    let mut sql = format!(
-        "CREATE TABLE IF NOT EXISTS {inbox_q} (\n\
-         \x20 consumer    text COLLATE \"C\" NOT NULL,\n\
-         \x20 message_id  text COLLATE \"C\" NOT NULL,\n\
-         \x20 received_at timestamptz NOT NULL DEFAULT now(),\n\
-         \x20 PRIMARY KEY (consumer, message_id)\n\
-         );\n\
-         CREATE INDEX IF NOT EXISTS {index} ON {inbox_q} (received_at);\n",
-        inbox_q = qualified(inbox),
-        index = ident(&format!("{inbox_base}_received_at")),
-    );
-    if tombstones {
-        let table = tombstones_table(inbox);
-        let _ = write!(
-            sql,
-            "CREATE TABLE IF NOT EXISTS {q} (\n\
-             \x20 target     text        NOT NULL,\n\
-             \x20 id_key     text        NOT NULL,\n\
-             \x20 version    text        NOT NULL,\n\
-             \x20 deleted_at timestamptz NOT NULL DEFAULT now(),\n\
-             \x20 PRIMARY KEY (target, id_key)\n\
-             );\n\
-             CREATE INDEX IF NOT EXISTS onceflow_tombstones_deleted_at ON {q} (deleted_at);\n",
-            q = qualified(&table),
-        );
-    }
-    sql
-}
-
-/// Deletes up to `$3` expired inbox rows of consumer `$1` (older than `$2` hours).
-pub fn cleanup_inbox(inbox: &str) -> String {
-    let q = qualified(inbox);
-    format!(
-        "DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
-         WHERE consumer = $1::text AND received_at < now() - make_interval(hours => $2::int) \
-         LIMIT $3::int)"
-    )
-}
-
-/// Deletes up to `$3` expired deletion markers of table `$1` (older than `$2` hours).
-pub fn cleanup_tombstones(inbox: &str) -> String {
-    let q = qualified(&tombstones_table(inbox));
-    format!(
-        "DELETE FROM {q} WHERE ctid IN (SELECT ctid FROM {q} \
-         WHERE target = $1::text AND deleted_at < now() - make_interval(hours => $2::int) \
-         LIMIT $3::int)"
-    )
 }
 
 /// The target's columns with their types (`format_type` without modifiers: the insert itself
@@ -166,9 +51,6 @@ pub const TABLE_COLUMNS: &str = "SELECT a.attname::text, format_type(a.atttypid,
      a.attgenerated <> '' FROM pg_attribute a \
      WHERE a.attrelid = to_regclass($1::text) AND a.attnum > 0 AND NOT a.attisdropped \
      ORDER BY a.attnum";
-
-/// Whether a table exists.
-pub const TABLE_EXISTS: &str = "SELECT to_regclass($1::text) IS NOT NULL";
 
 /// The target's schema and name, when it exists.
 pub const TABLE_NAME: &str = "SELECT n.nspname::text, c.relname::text FROM pg_class c \
@@ -629,14 +511,6 @@ mod tests {
     }
 
     #[test]
-    fn identifiers_are_quoted() {
-        assert_eq!(ident("a\"b"), "\"a\"\"b\"");
-        assert_eq!(qualified("sales.orders"), "\"sales\".\"orders\"");
-        assert_eq!(tombstones_table("x.inbox"), "x.onceflow_tombstones");
-        assert_eq!(tombstones_table("inbox"), "onceflow_tombstones");
-    }
-
-    #[test]
     fn versioned_upsert_with_deletes_guards_on_versions_and_tombstones() {
         let sql = apply_batch(
             &config("      version_column: v\n      delete_when: deleted\n"),
@@ -812,35 +686,5 @@ mod tests {
             careful.contains("ORDER BY b.\"$mid\", b.\"$seq\"\n  ON CONFLICT DO NOTHING\n)"),
             "{careful}"
         );
-    }
-
-    #[test]
-    fn the_origins_table_is_created_and_cleaned_with_its_inbox() {
-        assert_eq!(origins_table("ops.inbox"), "ops.inbox_origins");
-        let ddl = create_origins_table("ops.inbox");
-        assert!(
-            ddl.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"inbox_origins\""),
-            "{ddl}"
-        );
-        assert!(ddl.contains("PRIMARY KEY (consumer, message_id)"), "{ddl}");
-        let clean = cleanup_inbox_and_origins("ops.inbox");
-        assert!(
-            clean.contains("DELETE FROM \"ops\".\"inbox_origins\" o USING gone g"),
-            "{clean}"
-        );
-        assert!(clean.ends_with("SELECT count(*) FROM gone"), "{clean}");
-    }
-
-    #[test]
-    fn ddl_creates_inbox_and_tombstones_if_missing() {
-        let sql = create_tables("ops.inbox", true);
-        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"inbox\""));
-        assert!(
-            sql.contains("message_id  text COLLATE \"C\" NOT NULL"),
-            "{sql}"
-        );
-        assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"inbox_received_at\""));
-        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"onceflow_tombstones\""));
-        assert!(!create_tables("inbox", false).contains("tombstones"));
     }
 }

@@ -1,4 +1,4 @@
-//! TLS for the sink's connections, as libpq's `sslmode` and `sslrootcert` say.
+//! TLS for connections to PostgreSQL, as libpq's `sslmode` and `sslrootcert` say.
 //!
 //! tokio-postgres knows `sslmode=disable|prefer|require` only, and leaves certificates to the
 //! TLS connector. The connection string is read here first: `verify-ca` and `verify-full` are
