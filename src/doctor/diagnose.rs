@@ -94,8 +94,6 @@ pub struct Holder {
     /// markers written to the partition end it.
     pub orphaned: bool,
     pub hanging: bool,
-    #[serde(skip)]
-    pub coordinator_epoch: i32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -276,7 +274,6 @@ fn holder(
                 age_ms,
                 orphaned: false,
                 hanging: age_ms > older_than_ms,
-                coordinator_epoch: p.coordinator_epoch,
             }
         }
         None => {
@@ -289,7 +286,6 @@ fn holder(
                 age_ms,
                 orphaned: true,
                 hanging: age_ms > older_than_ms,
-                coordinator_epoch: p.coordinator_epoch,
             }
         }
     }

@@ -2,7 +2,7 @@
 //! their cure.
 //!
 //! [`examine`] reads the cluster (every coordinator's transactions, and for each partition
-//! examined its producers, high watermark and last stable offset); [`diagnose`] decides,
+//! examined its producers, high watermark and last stable offset); [`diagnose`](mod@diagnose) decides,
 //! purely, what is open, what hangs and how each hanging transaction ends; [`cure`] carries
 //! the cures out. A transaction whose id a coordinator knows is ended by fencing the id
 //! there (the coordinator aborts it and writes the markers itself, so both its record and the

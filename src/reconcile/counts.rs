@@ -57,10 +57,6 @@ impl<K: Copy + Eq + Hash, V> Slots<K, V> {
     pub fn len(&self) -> usize {
         self.values.len()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
 }
 
 impl<K, V> IntoIterator for Slots<K, V> {
@@ -120,6 +116,7 @@ impl Counts {
         *slot = slot.saturating_add(1);
     }
 
+    #[cfg(test)]
     /// How many times `offset` was seen (255 stands for 255 or more).
     pub fn get(&self, offset: i64) -> u8 {
         if offset < 0 {

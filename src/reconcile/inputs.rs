@@ -260,7 +260,7 @@ fn expect(
     };
     if pipeline
         .process(
-            crate::source::kafka::to_record(msg, crate::source::kafka::origin_of(msg)),
+            crate::source::to_record(msg, crate::source::origin_of(msg)),
             produced,
         )
         .is_err()

@@ -57,20 +57,24 @@ impl RangeSet {
         }
     }
 
+    #[cfg(test)]
     /// How many offsets it holds.
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    #[cfg(test)]
     /// The runs, in order.
     pub fn runs(&self) -> &[(i64, i64)] {
         &self.runs
     }
 
+    #[cfg(test)]
     pub fn contains(&self, offset: i64) -> bool {
         let i = self.runs.partition_point(|&(_, end)| end <= offset);
         self.runs.get(i).is_some_and(|&(start, _)| start <= offset)

@@ -219,6 +219,7 @@ impl PartitionTally {
         self.duplicated_offsets = self.duplicated_set.describe(SHOWN_RANGES);
     }
 
+    #[cfg(test)]
     /// Whether anything is missing or duplicated.
     pub fn mismatched(&self) -> bool {
         self.missing > 0 || self.duplicated > 0
