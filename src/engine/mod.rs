@@ -28,7 +28,7 @@ use crate::kafka::clients;
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
-use crate::source::kafka::{self as source, Paused, SourceContext, TopicError};
+use crate::source::{self, Paused, SourceContext, TopicError};
 use crate::sync::lock;
 use crate::telemetry;
 use crate::topology::{ConfigIssue, Target, Topology};

@@ -1,5 +1,8 @@
-//! The Kafka source: consumed messages as records, the consumer's rebalance callback, pausing
-//! and resuming partitions, and the start-up check that topics exist.
+//! Where records come from: the job's input topics, consumed with read_committed by one
+//! consumer per job whose offsets commit inside the job's transactions. Consumed messages as
+//! records, the consumer's rebalance callback, pausing and resuming partitions, and the
+//! start-up check that topics exist. (A PostgreSQL outbox table is not a source of a job:
+//! [`crate::relay`] publishes it.)
 
 mod context;
 
