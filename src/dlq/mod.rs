@@ -1,5 +1,5 @@
-//! The dead-letter topic: what a dead-letter record carries ([`format`]), and the
-//! `dlq inspect` ([`inspect`]) and `dlq replay` ([`replay`]) commands.
+//! The dead-letter topic: what a dead-letter record carries ([`format`](mod@format)), and the
+//! `dlq inspect` ([`inspect`](mod@inspect)) and `dlq replay` ([`replay`](mod@replay)) commands.
 //!
 //! The engine writes a dead-letter record in the same transaction as the outputs and the
 //! consumed offsets, so it is exactly-once too. Replay is itself an exactly-once

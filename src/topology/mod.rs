@@ -4,7 +4,7 @@
 //! [`Topology::validate`] reports every problem at once with the path of the field it concerns.
 //! The language is described in `docs/topology.md`.
 //!
-//! * [`env`]: `${VAR}` interpolation of the text, before parsing;
+//! * [`env`](mod@env): `${VAR}` interpolation of the text, before parsing;
 //! * [`lines`]: the line number of every field path, for messages;
 //! * [`parse`]: parsing that goes on past a problem, to report every one;
 //! * [`processor`]: the processors of a pipeline, as written in the file;

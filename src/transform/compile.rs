@@ -8,7 +8,7 @@ use super::{HeaderValue, OutputSpec, Route, Step, split};
 use crate::codec::Encoder;
 use crate::topology::{ConfigIssue, Processor, RouteConfig, SetHeaderConfig, Topology};
 
-/// What [`Pipeline::compile`] keeps while it goes through a topology.
+/// What [`super::Pipeline::compile`] keeps while it goes through a topology.
 pub(super) struct Compiler<'t> {
     /// Output names to output indexes.
     output_index: HashMap<&'t str, usize>,

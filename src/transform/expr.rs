@@ -14,7 +14,7 @@
 //! Speed: nothing is bound up front. Variables are resolved on access by a resolver over the
 //! record (the crate's `VariableResolver`); CEL resolves `value.status` as a qualified name
 //! first, so the resolver answers it with that one field of the lazily decoded document
-//! ([`super::doc`]), strings borrowed, not copied. Only an expression that uses `value` as a
+//! ([`Doc`]), strings borrowed, not copied. Only an expression that uses `value` as a
 //! whole (`size(value)`, `value[k]`) gets the whole document converted.
 
 use std::collections::{BTreeSet, HashMap};

@@ -13,7 +13,7 @@
 //!   job starts, so encoding never calls the registry.
 //!
 //! Datums are read and written by this module's own walk over a compiled schema
-//! ([`schema`], [`read`], [`write`]) rather than through apache-avro's generic `Value`: the
+//! ([`schema`], [`read`], [`write`](mod@write)) rather than through apache-avro's generic `Value`: the
 //! document is built straight from the bytes, without the intermediate `Value` tree and its
 //! per-field name copies (measured in docs/benchmarks.md, "Avro codec"). apache-avro parses
 //! and checks every schema, resolves writer to reader, and is the reference the property test
