@@ -20,6 +20,19 @@ pub fn transactional_id(topology: &Topology, instance_id: &str) -> String {
     format!("onceflow.{}.{}", topology.name, instance_id)
 }
 
+/// The cluster of a job's clients outside its transaction (admin calls, the relay, a
+/// state restore): its bootstrap servers and the topology's common client settings.
+pub fn cluster(topology: &Topology, identity: &Identity) -> super::Cluster {
+    let mut cluster = super::Cluster::new(&identity.bootstrap_servers);
+    cluster.settings = topology
+        .kafka
+        .common
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    cluster
+}
+
 /// librdkafka's `fetch.queue.backoff.ms` of every consumer here (its default is 1000).
 ///
 /// When a partition's prefetched records pass `queued.min.messages` (100,000) or the queue

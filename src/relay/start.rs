@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::instance::{Identity, RunOptions};
-use crate::kafka::Cluster;
 use crate::kafka::admin::Admin;
+use crate::kafka::{Cluster, clients};
 use crate::telemetry;
 use crate::topology::{Target, Topology};
 use crate::transform::Pipeline;
@@ -36,7 +36,7 @@ impl<'t> Relay<'t> {
         let layout = runtime.block_on(inspect(&pg, &tls, config))??;
         let pipeline = pipeline(topology)?;
         let topics = output_topics(topology)?;
-        let cluster = cluster(topology, identity);
+        let cluster = clients::cluster(topology, identity);
         let reader = progress_reader(&cluster, &topology.name)?;
         let relay = Relay {
             topology,
@@ -189,18 +189,6 @@ fn progress_reader(cluster: &Cluster, topology: &str) -> Result<BaseConsumer, Re
             what: "cannot create the progress reader".into(),
             error,
         })
-}
-
-/// The cluster of the relay's clients.
-fn cluster(topology: &Topology, identity: &Identity) -> Cluster {
-    let mut cluster = Cluster::new(&identity.bootstrap_servers);
-    cluster.settings = topology
-        .kafka
-        .common
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    cluster
 }
 
 #[cfg(test)]
