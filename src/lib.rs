@@ -93,6 +93,7 @@ pub(crate) mod relay;
 pub(crate) mod retry;
 pub mod sink;
 pub(crate) mod source;
+pub mod state;
 pub(crate) mod supervise;
 mod sync;
 pub mod telemetry;

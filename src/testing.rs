@@ -250,6 +250,9 @@ fn feed(
     let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
     let mut errors: Vec<Failure> = Vec::new();
     let mut out = Vec::new();
+    // The case's records go through the stateful steps in order, each committed alone: a
+    // record that fails leaves no state change, as in a job.
+    let mut state = crate::state::Stores::default();
     for (n, input) in case.input.iter().enumerate() {
         let record = match input_record(topology, pipeline, dir, n, input) {
             Ok(record) => record,
@@ -259,7 +262,13 @@ fn feed(
             }
         };
         out.clear();
-        match pipeline.process(record, &mut out) {
+        state.begin_record();
+        let processed = pipeline.process_with(record, &mut state, &mut out);
+        if processed.is_ok() {
+            let _ = state.take_record();
+            state.commit();
+        }
+        match processed {
             Ok(()) => {
                 for (index, mut rec) in out.drain(..) {
                     if topology.output_codec(index) == Codec::Avro {

@@ -29,6 +29,7 @@ use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::source::{self, Paused, SourceContext, TopicError};
+use crate::state::{Stores, changelog, restore};
 use crate::sync::lock;
 use crate::telemetry;
 use crate::topology::{ConfigIssue, Target, Topology};
@@ -78,6 +79,8 @@ pub enum EngineError {
     },
     #[error(transparent)]
     Sink(#[from] SinkError),
+    #[error(transparent)]
+    Changelog(#[from] changelog::ChangelogError),
     /// The schema registry refused an output's schema (incompatible with its subject), or
     /// cannot be reached when the job starts.
     #[error("schema registry: {0}")]
@@ -234,15 +237,37 @@ fn connect(
         consumer_config.set("statistics.interval.ms", &ms);
     }
     let sinks = Sinks::from_topology(topology)?;
+    let stores = Stores::new(
+        topology
+            .aggregates()
+            .map(|(_, a)| topology.changelog_topic(&a.name))
+            .collect(),
+    );
+    let changelogs = stores.changelogs().to_vec();
     let txn = Txn::new(producer_config, settings, Arc::clone(&health))?
-        .with_participants(sinks.into_participants());
+        .with_participants(sinks.into_participants())
+        .with_state(stores);
     let txn = Arc::new(Mutex::new(txn));
+    let mut context = SourceContext::new(Arc::clone(&txn), health);
+    if !changelogs.is_empty() {
+        let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
+        context = context.with_restore(restore::restore_config(&consumer_config), timeout);
+    }
     let consumer: JobConsumer = consumer_config
-        .create_with_context(SourceContext::new(Arc::clone(&txn), health))
+        .create_with_context(context)
         .map_err(|error| EngineError::Client {
             what: "cannot create the consumer".into(),
             error,
         })?;
+    if let (false, Some(input)) = (changelogs.is_empty(), topology.input_topics().first()) {
+        changelog::ensure(
+            &clients::cluster(topology, identity),
+            &consumer,
+            input,
+            &changelogs,
+            Duration::from_millis(runtime.transaction_timeout_ms),
+        )?;
+    }
     let outputs = topology.kafka_output_topics();
     source::check_topics_exist(
         &consumer,
@@ -447,6 +472,7 @@ impl<'t> Job<'t> {
         origin: &Origin,
     ) -> Result<Result<(), RecordError>, EngineError> {
         self.produced.clear();
+        txn.state().begin_record();
         if let Some(refusal) = txn.refused(origin) {
             return Ok(Err(refusal));
         }
@@ -459,7 +485,11 @@ impl<'t> Job<'t> {
         // dead-letter copy of the original.
         let processed = self
             .pipeline
-            .process_input(source::to_input(msg, origin.clone()), &mut self.produced)
+            .process_input(
+                source::to_input(msg, origin.clone()),
+                txn.state(),
+                &mut self.produced,
+            )
             .and_then(|()| check_sizes(&self.produced, self.max_message_bytes));
         if processed.is_err() || !txn.has_participants() {
             return Ok(processed);
@@ -527,6 +557,7 @@ impl<'t> Job<'t> {
             Outcome::DeadLetter(e) => {
                 telemetry::record_failed(&origin, &e, on_error, attempts);
                 self.produced.clear();
+                txn.state().discard_record();
                 self.ensure_dead_letter_topic(consumer, txn)?;
                 let letter = self.dead_letter(msg, consumed, &e, attempts);
                 // A dead letter carries its origin in headers of its own.
@@ -557,6 +588,7 @@ impl<'t> Job<'t> {
                 telemetry::record_failed(&origin, &e, on_error, attempts);
                 self.skipped += 1;
                 self.produced.clear();
+                txn.state().discard_record();
                 let _ = txn.add(consumer, consumed, &[])?;
                 Ok(())
             }

@@ -3,10 +3,12 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
 
+use crate::state;
 use crate::sync::lock;
 use crate::telemetry::{self, health::Health};
 use crate::txn::{AbortReason, Txn, TxnError};
@@ -17,6 +19,9 @@ pub struct SourceContext {
     failure: Mutex<Option<TxnError>>,
     health: Arc<Health>,
     assigned: AtomicI64,
+    /// For a job with state: the restore consumer's configuration, and how long a restore
+    /// may go without progress.
+    restore: Option<(ClientConfig, Duration)>,
 }
 
 impl SourceContext {
@@ -26,6 +31,26 @@ impl SourceContext {
             failure: Mutex::new(None),
             health,
             assigned: AtomicI64::new(0),
+            restore: None,
+        }
+    }
+
+    /// A context that restores the state of every partition assigned, before any of its
+    /// records is consumed, with a consumer of `config`.
+    pub fn with_restore(mut self, config: ClientConfig, timeout: Duration) -> SourceContext {
+        self.restore = Some((config, timeout));
+        self
+    }
+
+    /// Restores the state of the partitions of `tpl`; a failure stops the job.
+    fn restore(&self, tpl: &TopicPartitionList) {
+        let Some((config, timeout)) = &self.restore else {
+            return;
+        };
+        let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+        let mut txn = lock(&self.txn);
+        if let Err(e) = state::restore::restore(config, txn.state(), &parts, *timeout) {
+            *lock(&self.failure) = Some(TxnError::State(e.to_string()));
         }
     }
 
@@ -56,6 +81,7 @@ impl ConsumerContext for SourceContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 telemetry::partitions_assigned(&partitions(tpl));
+                self.restore(tpl);
                 self.count_assigned(tpl.count() as i64);
             }
             Rebalance::Revoke(tpl) => {
@@ -72,6 +98,10 @@ impl ConsumerContext for SourceContext {
                 };
                 if let Err(e) = result {
                     *lock(&self.failure) = Some(e);
+                }
+                // The partitions' state is another member's now.
+                for e in tpl.elements() {
+                    txn.state().drop_partition(e.partition());
                 }
             }
             Rebalance::Error(e) => telemetry::consumer_error(e),

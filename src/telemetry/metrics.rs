@@ -47,6 +47,10 @@ pub const OUTBOX_PENDING: &str = "onceflow_outbox_pending_rows";
 pub const OUTBOX_OLDEST: &str = "onceflow_outbox_oldest_pending_seconds";
 pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
 pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
+pub const STATE_KEYS: &str = "onceflow_state_keys";
+pub const STATE_CHANGES: &str = "onceflow_state_changes_total";
+pub const STATE_RESTORED: &str = "onceflow_state_restored_records_total";
+pub const STATE_RESTORE_DURATION: &str = "onceflow_state_restore_duration_seconds";
 
 /// Every metric with its help text, for `/metrics` and the metric catalogue (docs/observability.md).
 pub const CATALOGUE: &[(&str, &str)] = &[
@@ -175,6 +179,22 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         OUTBOX_LATENCY,
         "Time from an outbox row's insert (columns.created_at) to the commit of the Kafka transaction that published it, by table.",
     ),
+    (
+        STATE_KEYS,
+        "Keys held in the stores of the assigned partitions, by store.",
+    ),
+    (
+        STATE_CHANGES,
+        "State changes committed (records written to the changelogs), by store.",
+    ),
+    (
+        STATE_RESTORED,
+        "Changelog records read to restore the state of assigned partitions.",
+    ),
+    (
+        STATE_RESTORE_DURATION,
+        "Time to restore the state of the partitions of one assignment.",
+    ),
 ];
 
 /// Installs the Prometheus recorder with `topology` as a global label. Gauges of partitions
@@ -209,6 +229,12 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
                 &[
                     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 ],
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(STATE_RESTORE_DURATION.to_string()),
+                &[0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0],
             )
         })?
         .install_recorder()?;

@@ -125,6 +125,47 @@ pub fn partitions_assigned(partitions: &[(String, i32)]) {
     info!(count = partitions.len(), ?partitions, "partitions assigned");
 }
 
+/// A store's changelog topic was missing and was created.
+pub fn changelog_created(topic: &str, partitions: usize) {
+    info!(topic, partitions, "state changelog created");
+}
+
+/// The state of `partitions` was restored from their changelogs.
+pub fn state_restored(partitions: &[i32], records: u64, keys: u64, took: Duration) {
+    counter!(m::STATE_RESTORED).increment(records);
+    histogram!(m::STATE_RESTORE_DURATION).record(took.as_secs_f64());
+    info!(
+        ?partitions,
+        records,
+        keys,
+        took_ms = took.as_millis() as u64,
+        "state restored"
+    );
+}
+
+/// The restore consumer's client reported an error (it retries on its own).
+pub fn restore_client_error(error: &dyn std::fmt::Display, reason: &str) {
+    warn!(%error, reason, "state restore: kafka client error");
+}
+
+/// A restore goes on: `read` records of `topic` so far, `open` partitions not at their end.
+pub fn state_restoring(topic: &str, open: &[i32], read: u64) {
+    info!(topic, partitions = ?open, read, "restoring state");
+}
+
+/// A transaction committed these state changes, and the stores hold these keys, by store.
+pub fn state_committed(stores: &[String], changes: &[u64], keys: &[u64]) {
+    for (i, store) in stores.iter().enumerate() {
+        let label = store.clone();
+        if let Some(&n) = changes.get(i).filter(|&&n| n > 0) {
+            counter!(m::STATE_CHANGES, "store" => label.clone()).increment(n);
+        }
+        if let Some(&k) = keys.get(i) {
+            gauge!(m::STATE_KEYS, "store" => label).set(k as f64);
+        }
+    }
+}
+
 pub fn partitions_revoked(partitions: &[(String, i32)], lost: bool) {
     if lost {
         counter!(m::REBALANCES, "kind" => "lost").increment(1);

@@ -24,6 +24,7 @@ impl Topology {
         self.validate_inputs(&mut issue);
         self.validate_outputs(&mut issue);
         self.validate_pipeline(&mut issue);
+        self.validate_state(&mut issue);
         for i in self.validate_postgres_outputs() {
             issue(i.path, &i.message);
         }
@@ -501,10 +502,13 @@ fn validate_processor(here: &str, p: &Processor, issue: &mut dyn FnMut(String, &
                 issue(format!("{here}.as"), FIELD_PATH_RULE);
             }
         }
+        // Stateful steps are checked with what they need of the whole topology, in
+        // `Topology::validate_state`.
         Processor::Route(_)
         | Processor::Filter(_)
         | Processor::SetKey(_)
-        | Processor::DropEmpty {} => {}
+        | Processor::DropEmpty {}
+        | Processor::Aggregate(_) => {}
     }
 }
 
@@ -530,7 +534,7 @@ fn idempotence_needs(key: &str, value: &str) -> Option<&'static str> {
     }
 }
 
-fn is_valid_name(name: &str) -> bool {
+pub(super) fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 100
         && name

@@ -24,6 +24,7 @@ pub mod processor;
 
 mod check;
 mod runtime;
+pub mod state;
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,7 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime};
+pub use state::{AggregateConfig, AggregateOp};
 
 pub mod avro;
 pub mod http;

@@ -30,6 +30,9 @@ pub enum Processor {
     SetHeader(SetHeaderConfig),
     /// Drops records whose value is missing or empty (tombstones included).
     DropEmpty {},
+    /// Per record key, folds records into a state value kept in a store, and hands the new
+    /// state downstream (see [`super::state`]).
+    Aggregate(super::state::AggregateConfig),
 }
 
 impl Processor {
@@ -45,6 +48,7 @@ impl Processor {
             Processor::Explode(_) => "explode",
             Processor::SetHeader(_) => "set_header",
             Processor::DropEmpty {} => "drop_empty",
+            Processor::Aggregate(_) => "aggregate",
         }
     }
 
@@ -56,7 +60,7 @@ impl Processor {
                 | Processor::DropFields(_)
                 | Processor::Rename(_)
                 | Processor::Explode(_)
-        )
+        ) || matches!(self, Processor::Aggregate(a) if a.into.is_some())
     }
 }
 

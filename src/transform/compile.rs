@@ -3,10 +3,13 @@
 
 use std::collections::HashMap;
 
+use super::aggregate::Aggregate;
 use super::expr::Expression;
 use super::{HeaderValue, OutputSpec, Route, Step, split};
 use crate::codec::Encoder;
-use crate::topology::{ConfigIssue, Processor, RouteConfig, SetHeaderConfig, Topology};
+use crate::topology::{
+    AggregateConfig, ConfigIssue, Processor, RouteConfig, SetHeaderConfig, Topology,
+};
 
 /// What [`super::Pipeline::compile`] keeps while it goes through a topology.
 pub(super) struct Compiler<'t> {
@@ -16,6 +19,8 @@ pub(super) struct Compiler<'t> {
     issues: Vec<ConfigIssue>,
     /// Route targets that name no output, reported after the problems of expressions.
     unknown_outputs: Vec<ConfigIssue>,
+    /// Stateful steps compiled so far: the next one's store index.
+    stores: usize,
 }
 
 impl<'t> Compiler<'t> {
@@ -29,6 +34,7 @@ impl<'t> Compiler<'t> {
                 .collect(),
             issues: Vec::new(),
             unknown_outputs: Vec::new(),
+            stores: 0,
         }
     }
 
@@ -63,6 +69,9 @@ impl<'t> Compiler<'t> {
                 map.iter().map(|(a, b)| (split(a), split(b))).collect(),
             )),
             Processor::SetKey(src) => self.expression(here, src).map(Step::SetKey),
+            Processor::Aggregate(a) => self
+                .aggregate(&here, a)
+                .map(|a| Step::Aggregate(Box::new(a))),
             Processor::Explode(e) => Some(Step::Explode {
                 field: split(&e.field),
                 into: split(e.into.as_deref().unwrap_or(&e.field)),
@@ -86,6 +95,47 @@ impl<'t> Compiler<'t> {
     }
 
     /// Compiles the `route` processor `r`, found at `here`, the `index`th of the pipeline.
+    /// Compiles an `aggregate` step, found at `here`; its store is the next index.
+    fn aggregate(&mut self, here: &str, a: &AggregateConfig) -> Option<Aggregate> {
+        let store = self.stores;
+        self.stores += 1;
+        let mut compile = |field: &str, src: &Option<String>, extra: &[&str]| {
+            src.as_deref().map(|src| {
+                Expression::compile_with(src, extra)
+                    .map_err(|message| {
+                        self.issues.push(ConfigIssue {
+                            path: format!("{here}.{field}"),
+                            message,
+                        })
+                    })
+                    .ok()
+            })
+        };
+        let of = compile("of", &a.of, &[]);
+        let reduce = compile("reduce", &a.reduce, &["state"]);
+        let init = compile("init", &a.init, &[]);
+        let delete = compile("delete", &a.delete, &[]);
+        // A compiled-out expression (None inside Some) was reported.
+        let of = match (of, reduce) {
+            (Some(e), _) | (None, Some(e)) => Some(e?),
+            (None, None) => None,
+        };
+        Some(Aggregate {
+            store,
+            op: a.op,
+            of,
+            init: match init {
+                Some(e) => Some(e?),
+                None => None,
+            },
+            delete: match delete {
+                Some(e) => Some(e?),
+                None => None,
+            },
+            into: a.into.as_deref().map(split),
+        })
+    }
+
     pub(super) fn route(&mut self, here: &str, index: usize, r: &RouteConfig) -> Option<Route> {
         let default = self.targets(format!("{here}.default"), &r.default);
         let targets: Vec<Vec<usize>> = r

@@ -105,6 +105,8 @@ pub struct Scope<'s, 'a> {
     pub headers: &'s [(String, Vec<u8>)],
     pub timestamp: Option<i64>,
     pub origin: &'s Origin,
+    /// The key's state, in an `aggregate`'s `reduce` (`state`); `None` elsewhere.
+    pub state: Option<&'s Json>,
 }
 
 /// A record value as expressions see it.
@@ -132,6 +134,12 @@ impl std::fmt::Debug for Expression {
 impl Expression {
     /// Compiles `source`; the error says what is wrong, with its position in the expression.
     pub fn compile(source: &str) -> Result<Expression, String> {
+        Expression::compile_with(source, &[])
+    }
+
+    /// [`Expression::compile`] where the variables `extra` are bound too (`state`, in an
+    /// `aggregate`'s `reduce`).
+    pub fn compile_with(source: &str, extra: &[&str]) -> Result<Expression, String> {
         let env = env();
         let program = env.compile(source).map_err(|e| {
             let detail = e.to_string().replace("ERROR: <input>:", "at ");
@@ -148,12 +156,14 @@ impl Expression {
             &mut uses,
             &mut unknown,
         );
+        unknown.retain(|name: &String| !extra.contains(&name.as_str()));
         if !unknown.is_empty() {
             let names: Vec<String> = unknown.into_iter().collect();
+            let available: Vec<&str> = VARIABLES.iter().chain(extra).copied().collect();
             return Err(format!(
                 "`{source}` uses unknown variable(s) {}; available: {}",
                 names.join(", "),
-                VARIABLES.join(", ")
+                available.join(", ")
             ));
         }
         let path = value_path(program.expression(), &[]).filter(|p| !p.is_empty());
@@ -401,6 +411,10 @@ impl VariableResolver for Resolver<'_, '_, '_> {
             "topic" => Box::new(CelString::from(&*scope.origin.topic)),
             "partition" => Box::new(CelInt::from(i64::from(scope.origin.partition))),
             "offset" => Box::new(CelInt::from(scope.origin.offset)),
+            "state" => match scope.state {
+                Some(state) => json_val(state),
+                None => return None,
+            },
             _ => return None,
         };
         Some(CowVal::Owned(val))
@@ -708,6 +722,7 @@ mod tests {
             headers: &headers,
             timestamp: Some(1000),
             origin: &origin,
+            state: None,
         };
         e.eval(&scope)
     }
@@ -845,6 +860,7 @@ mod tests {
                         headers: &[],
                         timestamp: None,
                         origin: &origin,
+                        state: None,
                     };
                     total += 1;
                     let Some(quick) = e.quick(&scope) else {
@@ -903,6 +919,7 @@ mod tests {
                 headers: &[],
                 timestamp: None,
                 origin: &origin,
+                state: None,
             };
             assert_eq!(e.eval_json(&scope).unwrap(), json, "{src}");
             let interpreted = to_json(&e.eval(&scope).unwrap()).unwrap();
@@ -923,6 +940,7 @@ mod tests {
             headers: &[],
             timestamp: None,
             origin: &origin,
+            state: None,
         };
         let e = Expression::compile("value.nope.x").unwrap();
         assert_eq!(e.eval_json(&scope).unwrap_err().0, ErrorKind::MissingField);

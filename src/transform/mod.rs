@@ -7,6 +7,7 @@
 //! record by the output's [`crate::codec::Encoder`]. Expressions are CEL, compiled once by
 //! [`Pipeline::compile`] (see [`expr`]).
 
+mod aggregate;
 mod compile;
 pub mod expr;
 mod fast;
@@ -16,6 +17,7 @@ use serde_json::Value as Json;
 use crate::codec::json::{Doc, type_name};
 use crate::codec::{Decoder, Encoder, Value};
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
+use crate::state::KeyedState;
 
 use crate::topology::{ConfigIssue, HeaderPolicy, Processor, RouteMode, Topology};
 use compile::Compiler;
@@ -75,6 +77,7 @@ impl<'a> Work<'a> {
             headers: &self.headers,
             timestamp: self.timestamp,
             origin: &self.origin,
+            state: None,
         }
     }
 }
@@ -105,9 +108,17 @@ enum Step {
     DropFields(Vec<FieldPath>),
     Rename(Vec<(FieldPath, FieldPath)>),
     SetKey(Expression),
-    Explode { field: FieldPath, into: FieldPath },
-    SetHeader { name: String, value: HeaderValue },
+    Explode {
+        field: FieldPath,
+        into: FieldPath,
+    },
+    SetHeader {
+        name: String,
+        value: HeaderValue,
+    },
     DropEmpty,
+    /// Boxed: an aggregate's expressions make it several times the size of the others.
+    Aggregate(Box<aggregate::Aggregate>),
 }
 
 struct Route {
@@ -216,6 +227,16 @@ impl Pipeline {
         record: Record,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), RecordError> {
+        self.process_with(record, &mut crate::state::Stores::default(), out)
+    }
+
+    /// [`Pipeline::process`] with the stores its stateful steps read and change.
+    pub fn process_with(
+        &self,
+        record: Record,
+        state: &mut dyn KeyedState,
+        out: &mut Vec<(usize, Record)>,
+    ) -> Result<(), RecordError> {
         let Record {
             key,
             value,
@@ -231,6 +252,7 @@ impl Pipeline {
                 timestamp,
                 origin,
             },
+            state,
             out,
         )
     }
@@ -240,6 +262,7 @@ impl Pipeline {
     pub fn process_input(
         &self,
         input: Input<'_>,
+        state: &mut dyn KeyedState,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), RecordError> {
         let value = input.value;
@@ -276,7 +299,7 @@ impl Pipeline {
             origin: input.origin,
         };
         let start = out.len();
-        let result = self.run(0, work, out);
+        let result = self.run(0, work, state, out);
         if result.is_err() {
             out.truncate(start);
         }
@@ -288,6 +311,7 @@ impl Pipeline {
         &self,
         from: usize,
         mut work: Work<'_>,
+        state: &mut dyn KeyedState,
         out: &mut Vec<(usize, Record)>,
     ) -> Result<(), RecordError> {
         for (index, (step, name)) in self.steps.iter().enumerate().skip(from) {
@@ -319,8 +343,9 @@ impl Pipeline {
                     }
                 }
                 Step::Explode { field, into } => {
-                    return self.explode(index, field, into, work, out, &fail);
+                    return self.explode(index, (field, into), work, state, out, &fail);
                 }
+                Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
             }
         }
         self.emit(work, out)
@@ -331,9 +356,9 @@ impl Pipeline {
     fn explode(
         &self,
         index: usize,
-        field: &FieldPath,
-        into: &FieldPath,
+        (field, into): (&FieldPath, &FieldPath),
         mut work: Work<'_>,
+        state: &mut dyn KeyedState,
         out: &mut Vec<(usize, Record)>,
         fail: &impl Fn(ErrorKind, String) -> RecordError,
     ) -> Result<(), RecordError> {
@@ -384,7 +409,7 @@ impl Pipeline {
             let doc = json_mut(&mut each, fail)?;
             doc.set(into, item)
                 .map_err(|m| fail(ErrorKind::WrongType, m))?;
-            self.run(index + 1, each, out)?;
+            self.run(index + 1, each, state, out)?;
         }
         Ok(())
     }

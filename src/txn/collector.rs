@@ -97,6 +97,28 @@ impl Collector {
         Ok(())
     }
 
+    /// Sends a state change to partition `partition` of its store's changelog `topic` (the
+    /// partition of the input record it comes from); a delete is a tombstone.
+    pub fn send_change(
+        &mut self,
+        client: &Client,
+        topic: &str,
+        change: &crate::state::Change,
+        timeout: Duration,
+    ) -> KafkaResult<()> {
+        let mut record: rdkafka::producer::BaseRecord<'_, [u8], [u8]> =
+            rdkafka::producer::BaseRecord::to(topic)
+                .partition(change.partition)
+                .key(&change.key[..]);
+        if let Some(value) = &change.value {
+            record = record.payload(&value[..]);
+        }
+        send::send(client, record, timeout, await_deliveries)?;
+        let len = change.key.len() + change.value.as_ref().map_or(0, Vec::len);
+        self.bytes += len as u64;
+        Ok(())
+    }
+
     /// The transaction committed: what it sent counts.
     pub fn commit(&mut self) {
         self.produced.commit();

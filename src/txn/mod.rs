@@ -90,6 +90,9 @@ pub enum TxnError {
     /// A participant failed in a way no retry or abort cures.
     #[error("{0}")]
     Participant(ParticipantError),
+    /// The state of assigned partitions could not be restored (from the rebalance callback).
+    #[error("{0}")]
+    State(String),
 }
 
 impl TxnError {

@@ -43,6 +43,7 @@ use super::producer::Producer;
 use super::{AbortReason, TxnError};
 use crate::lineage::Lineage;
 use crate::record::{Origin, Record};
+use crate::state::Stores;
 use crate::telemetry::{self, health::Health, metrics::TopicCounts};
 use crate::topology::Guarantee;
 use overlap::{IN_FLIGHT_POLL, Keep, Overlap};
@@ -145,6 +146,9 @@ pub struct Txn {
     in_hand: Option<Origin>,
     /// The commit running in the background, and what was held meanwhile.
     overlap: Overlap,
+    /// The stores of the stateful steps: their changes go to the changelogs in this
+    /// transaction and reach the stores once it commits.
+    state: Stores,
 }
 
 impl Txn {
@@ -180,7 +184,20 @@ impl Txn {
             refused: Refusals::default(),
             in_hand: None,
             overlap: Overlap::default(),
+            state: Stores::default(),
         })
+    }
+
+    /// The stores of the job's stateful steps (none by default).
+    pub fn with_state(mut self, stores: Stores) -> Txn {
+        self.state = stores;
+        self
+    }
+
+    /// The stores, for the pipeline to read and change while it processes a record, and for
+    /// a restore.
+    pub fn state(&mut self) -> &mut Stores {
+        &mut self.state
     }
 
     pub fn stats(&self) -> &TxnStats {
@@ -292,6 +309,19 @@ impl Txn {
                 return Ok(Added::Aborted);
             }
         }
+        for change in self.state.take_record() {
+            let topic = &self.state.changelogs()[change.store];
+            let sent = self.collector.send_change(
+                self.producer.client(),
+                topic,
+                &change,
+                self.settings.operation_timeout,
+            );
+            if let Err(err) = sent {
+                self.fail(consumer, err, AbortReason::ProduceFailed)?;
+                return Ok(Added::Aborted);
+            }
+        }
         self.consumed.add(&origin.topic, consumed.bytes);
         if outputs.is_empty() && !self.participants.take_staged() {
             self.filtered += 1;
@@ -379,11 +409,13 @@ impl Txn {
         telemetry::records_filtered(self.filtered);
         telemetry::txn_committed(self.records, outputs, took);
         self.health.progressed();
+        self.state.commit();
         self.reset();
     }
 
     fn reset(&mut self) {
         self.participants.discard();
+        self.state.abort();
         self.consumed.discard();
         self.collector.discard();
         self.filtered = 0;

@@ -160,6 +160,7 @@ impl Txn {
         self.settings.overlap_commits
             && self.producer.transactional()
             && self.participants.is_empty()
+            && !self.state.is_stateful()
             && self.settings.abort_every.is_none()
     }
 

@@ -1,0 +1,88 @@
+//! The changelog topics of a job's stores: one per store, compacted, with as many partitions
+//! as the input (partition p holds the state of input partition p). The job creates a
+//! missing one; one with another partition count stops it, naming both counts.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+
+use crate::kafka::Cluster;
+use crate::kafka::admin::{Admin, AdminError};
+
+/// Why the changelogs cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangelogError {
+    #[error("state changelog: cannot read the metadata of {topic}: {error}")]
+    Metadata { topic: String, error: KafkaError },
+    #[error("state changelog: the input topic {0} does not exist")]
+    NoInput(String),
+    #[error(
+        "state changelog {topic} has {found} partitions, the input {input} has {expected}: partition p of a changelog holds the state of input partition p. Delete the changelog (its state is rebuilt from nothing) or recreate it with {expected} partitions"
+    )]
+    Partitions {
+        topic: String,
+        found: usize,
+        input: String,
+        expected: usize,
+    },
+    #[error("state changelog {topic}: {error}")]
+    Create { topic: String, error: AdminError },
+}
+
+/// The number of partitions of `topic`, `None` when it does not exist.
+fn partitions<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<usize>, ChangelogError> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|error| ChangelogError::Metadata {
+            topic: topic.to_string(),
+            error,
+        })?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        .map(|t| t.partitions().len()))
+}
+
+/// Creates every missing changelog of `changelogs` with the partition count of `input`, and
+/// checks the count of those that exist.
+pub fn ensure<C: ConsumerContext>(
+    cluster: &Cluster,
+    consumer: &BaseConsumer<C>,
+    input: &str,
+    changelogs: &[String],
+    timeout: Duration,
+) -> Result<(), ChangelogError> {
+    let expected = partitions(consumer, input, timeout)?
+        .ok_or_else(|| ChangelogError::NoInput(input.into()))?;
+    for topic in changelogs {
+        match partitions(consumer, topic, timeout)? {
+            Some(found) if found == expected => {}
+            Some(found) => {
+                return Err(ChangelogError::Partitions {
+                    topic: topic.clone(),
+                    found,
+                    input: input.to_string(),
+                    expected,
+                });
+            }
+            None => {
+                let create = |error| ChangelogError::Create {
+                    topic: topic.clone(),
+                    error,
+                };
+                Admin::new(cluster)
+                    .map_err(create)?
+                    .create_compacted_topic(topic, expected as i32)
+                    .map_err(create)?;
+                crate::telemetry::changelog_created(topic, expected);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! Stateful steps as written in a topology file (`aggregate`), and their checks. Every
+//! stateful step keeps a store, keyed by the record key, whose changes are written to a
+//! compacted changelog topic in the job's transaction ([`crate::state`]).
+
+use serde::Deserialize;
+
+use super::check::is_valid_name;
+use super::{Guarantee, Processor, Topology};
+
+/// Settings of `aggregate`: per record key, folds the records into a state value and hands
+/// the new state downstream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AggregateConfig {
+    /// The store's name, unique in the topology; its changelog is the topic
+    /// `<topology>.<name>.changelog`.
+    pub name: String,
+    /// How records fold into the state.
+    pub op: AggregateOp,
+    /// CEL: what of the record `sum`, `min`, `max`, `latest` and `first` take (e.g.
+    /// `value.amount`). Not for `count` and `reduce`.
+    #[serde(default)]
+    pub of: Option<String>,
+    /// CEL, `reduce` only: the state of a key's first record, before `reduce` folds it in.
+    #[serde(default)]
+    pub init: Option<String>,
+    /// CEL, `reduce` only: the new state, from `state` (the key's state) and the record.
+    #[serde(default)]
+    pub reduce: Option<String>,
+    /// CEL predicate: a record for which it is true removes its key's state (and a tombstone
+    /// goes downstream). A record without a value (a tombstone) always does.
+    #[serde(default)]
+    pub delete: Option<String>,
+    /// Where the new state goes in the record: a field of its JSON value. Default: the state
+    /// replaces the value.
+    #[serde(default, rename = "as")]
+    pub into: Option<String>,
+}
+
+/// How `aggregate` folds a record into its key's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregateOp {
+    /// The number of records.
+    Count,
+    /// The sum of `of` (numbers).
+    Sum,
+    /// The least `of` (numbers or strings).
+    Min,
+    /// The greatest `of` (numbers or strings).
+    Max,
+    /// `of` of the last record.
+    Latest,
+    /// `of` of the first record, kept.
+    First,
+    /// `init`, then `reduce` for every record.
+    Reduce,
+}
+
+impl AggregateOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            AggregateOp::Count => "count",
+            AggregateOp::Sum => "sum",
+            AggregateOp::Min => "min",
+            AggregateOp::Max => "max",
+            AggregateOp::Latest => "latest",
+            AggregateOp::First => "first",
+            AggregateOp::Reduce => "reduce",
+        }
+    }
+}
+
+impl Topology {
+    /// The stateful steps of the pipeline, in order: (pipeline index, settings).
+    pub fn aggregates(&self) -> impl Iterator<Item = (usize, &AggregateConfig)> {
+        self.pipeline
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Processor::Aggregate(a) => Some((i, a)),
+                _ => None,
+            })
+    }
+
+    /// The changelog topic of the store called `store`.
+    pub fn changelog_topic(&self, store: &str) -> String {
+        format!("{}.{store}.changelog", self.name)
+    }
+
+    /// What a stateful step needs of the topology: one input topic (a store's partition is
+    /// its input's partition), exactly-once (state written twice would count twice), and
+    /// the record key as the input's partitioning key (no `set_key` before it).
+    pub(super) fn validate_state(&self, issue: &mut dyn FnMut(String, &str)) {
+        let mut names: Vec<&str> = Vec::new();
+        let mut rekeyed: Option<usize> = None;
+        for (i, p) in self.pipeline.iter().enumerate() {
+            let here = format!("pipeline[{i}].{}", p.kind());
+            let a = match p {
+                Processor::SetKey(_) => {
+                    rekeyed.get_or_insert(i);
+                    continue;
+                }
+                Processor::Aggregate(a) => a,
+                _ => continue,
+            };
+            if !is_valid_name(&a.name) {
+                issue(
+                    format!("{here}.name"),
+                    "must be 1-100 letters, digits, `.`, `_` or `-`",
+                );
+            } else if names.contains(&a.name.as_str()) {
+                issue(
+                    format!("{here}.name"),
+                    "is the name of another store: each stateful step needs its own",
+                );
+            }
+            names.push(&a.name);
+            if let Some(k) = rekeyed {
+                issue(
+                    here.clone(),
+                    &format!(
+                        "works on the record key, which pipeline[{k}].set_key changed: records of one key would be folded on several instances. Write the re-keyed records to a topic and aggregate them in a second topology that reads it"
+                    ),
+                );
+            }
+            validate_aggregate(&here, a, issue);
+        }
+        if names.is_empty() {
+            return;
+        }
+        if self.input_topics().len() != 1 {
+            issue(
+                "inputs".into(),
+                "a topology with a stateful step reads exactly one topic: its stores are kept per partition of that topic",
+            );
+        }
+        if self.runtime.guarantee != Guarantee::ExactlyOnce {
+            issue(
+                "runtime.guarantee".into(),
+                "must be `exactly_once` with a stateful step: under at-least-once a restart folds records into the state twice",
+            );
+        }
+    }
+}
+
+/// The fields `a` needs by its `op`.
+fn validate_aggregate(here: &str, a: &AggregateConfig, issue: &mut dyn FnMut(String, &str)) {
+    let op = a.op.name();
+    match a.op {
+        AggregateOp::Count | AggregateOp::Reduce => {
+            if a.of.is_some() {
+                issue(format!("{here}.of"), &format!("is not used by `op: {op}`"));
+            }
+        }
+        _ => {
+            if a.of.is_none() {
+                issue(
+                    format!("{here}.of"),
+                    &format!(
+                        "`op: {op}` needs `of`, the CEL expression it takes of each record, e.g. `value.amount`"
+                    ),
+                );
+            }
+        }
+    }
+    let reduce = a.op == AggregateOp::Reduce;
+    for (field, set) in [("init", a.init.is_some()), ("reduce", a.reduce.is_some())] {
+        if reduce && !set {
+            issue(
+                format!("{here}.{field}"),
+                "`op: reduce` needs `init` and `reduce`",
+            );
+        } else if !reduce && set {
+            issue(
+                format!("{here}.{field}"),
+                &format!("is only for `op: reduce`, not `op: {op}`"),
+            );
+        }
+    }
+    if a.into.as_deref().is_some_and(|f| !super::is_field_path(f)) {
+        issue(
+            format!("{here}.as"),
+            "a field path is one or more names separated by dots, e.g. `customer.id`",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::topology::*;
+
+    fn issues(pipeline: &str, extra: &str) -> Vec<(String, String)> {
+        let yaml = format!(
+            "name: t\ninputs: [{{topic: in, codec: json}}]\npipeline: {pipeline}\noutputs: [{{topic: out}}]\n{extra}"
+        );
+        Topology::parse_unchecked(&yaml)
+            .unwrap()
+            .validate()
+            .into_iter()
+            .map(|i| (i.path, i.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_valid_aggregate_has_no_issue_and_names_its_changelog() {
+        let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline: [{aggregate: {name: counts, op: count}}]\noutputs: [{topic: out}]\n";
+        let t = Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.changelog_topic("counts"), "t.counts.changelog");
+        assert_eq!(t.aggregates().count(), 1);
+    }
+
+    #[test]
+    fn every_problem_of_an_aggregate_is_named_with_its_path() {
+        let found = issues(
+            "[{aggregate: {name: 'a b', op: sum}}, {aggregate: {name: c, op: count, of: value.x, init: '0'}}, {aggregate: {name: c, op: reduce, as: '.x'}}]",
+            "",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "pipeline[0].aggregate.name",
+                "pipeline[0].aggregate.of",
+                "pipeline[1].aggregate.of",
+                "pipeline[1].aggregate.init",
+                "pipeline[2].aggregate.name",
+                "pipeline[2].aggregate.init",
+                "pipeline[2].aggregate.reduce",
+                "pipeline[2].aggregate.as",
+            ],
+            "{found:#?}"
+        );
+        assert!(found[1].1.contains("`op: sum` needs `of`"), "{found:?}");
+        assert!(found[4].1.contains("another store"), "{found:?}");
+    }
+
+    #[test]
+    fn an_aggregate_after_set_key_is_refused_and_says_how_to_split_it() {
+        let found = issues(
+            "[{set_key: value.customer}, {aggregate: {name: counts, op: count}}]",
+            "",
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "pipeline[1].aggregate");
+        assert!(
+            found[0].1.contains("pipeline[0].set_key") && found[0].1.contains("second topology"),
+            "{}",
+            found[0].1
+        );
+    }
+
+    #[test]
+    fn a_stateful_topology_reads_one_topic_exactly_once() {
+        let yaml = "name: t\ninputs: [{topic: a, codec: json}, {topic: b, codec: json}]\npipeline: [{aggregate: {name: counts, op: count}}]\noutputs: [{topic: out}]\nruntime: {guarantee: at_least_once}\n";
+        let found: Vec<String> = Topology::parse_unchecked(yaml)
+            .unwrap()
+            .validate()
+            .into_iter()
+            .map(|i| i.path)
+            .collect();
+        assert_eq!(found, ["inputs", "runtime.guarantee"]);
+    }
+}
