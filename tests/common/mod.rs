@@ -46,9 +46,10 @@ pub fn create_topics(names: &[&str], partitions: i32) {
     create_replicated_topics(names, partitions, 1, &[]);
 }
 
-/// Writes a record without key nor value, with header [`MARKER_HEADER`] = `marker`, to each
-/// of the `partitions` of `topic`, outside any transaction: a read_committed reader sees
-/// them only once no transaction is left open before them.
+/// Writes a record without value, with header [`MARKER_HEADER`] = `marker` (and the marker
+/// as its key, which a compacted topic requires), to each of the `partitions` of `topic`,
+/// outside any transaction: a read_committed reader sees them only once no transaction is
+/// left open before them.
 pub fn write_markers(topic: &str, partitions: i32, marker: &str) -> Result<(), String> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -63,6 +64,7 @@ pub fn write_markers(topic: &str, partitions: i32, marker: &str) -> Result<(), S
             .send(
                 BaseRecord::<str, str>::to(topic)
                     .partition(p)
+                    .key(marker)
                     .headers(headers),
             )
             .map_err(|(e, _)| e.to_string())?;

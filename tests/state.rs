@@ -1,0 +1,224 @@
+//! Keyed state on the real broker: an `aggregate` job SIGKILLed at random moments and
+//! restarted, and instances joining and leaving while records flow. Checked by exact per-key
+//! results read with read_committed: every key's updates are its counts 1..=n, each once; every
+//! input id is emitted once; the changelog's last value of each key is its count.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use rand::Rng;
+
+const PARTITIONS: i32 = 4;
+const KEYS: u64 = 200;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    topology: PathBuf,
+    input: String,
+    output: String,
+    changelog: String,
+}
+
+/// An input and an output topic and a counting job between them; the job creates its
+/// changelog.
+fn setup(name: &str) -> Setup {
+    setup_with(name, "")
+}
+
+fn setup_with(name: &str, runtime: &str) -> Setup {
+    let input = unique(&format!("{name}-in"));
+    let output = unique(&format!("{name}-out"));
+    let job = unique(name);
+    create_topics(&[&input, &output], PARTITIONS);
+    let yaml = format!(
+        "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - aggregate: {{name: counts, op: count, as: count}}\n  - set_key: string(value.id)\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  max_records_per_txn: 500\n  group_protocol: {}\n{runtime}",
+        group_protocol()
+    );
+    let (dir, topology) = topology_file(&yaml);
+    Setup {
+        _dir: dir,
+        topology,
+        input,
+        output,
+        changelog: format!("{job}.counts.changelog"),
+    }
+}
+
+fn key_of(id: u64) -> String {
+    format!("k{}", id % KEYS)
+}
+
+/// Writes `ids` keyed by [`key_of`] at `per_second`, on a thread of its own.
+fn feed(s: &Setup, ids: Vec<u64>, per_second: u64) -> std::thread::JoinHandle<()> {
+    let input = s.input.clone();
+    std::thread::spawn(move || {
+        let records = ids
+            .into_iter()
+            .map(|id| (Some(key_of(id)), format!(r#"{{"id":{id}}}"#)));
+        produce_records_paced(&input, records, Some(per_second));
+    })
+}
+
+/// The number of input records of each key.
+fn expected_counts(ids: &BTreeSet<u64>) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for &id in ids {
+        *counts.entry(key_of(id)).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Every check of the job's committed results against the input `ids`.
+fn assert_exact(s: &Setup, ids: &BTreeSet<u64>) {
+    let expected = expected_counts(ids);
+    let outputs = read_records(&s.output, PARTITIONS, "read_committed");
+    // Outputs are keyed by their input's id (a set_key after the aggregate).
+    assert_exactly_once(ids, &ids_of(&outputs));
+    // Each key's updates, in any order across its records: exactly 1..=n, each once.
+    let mut updates: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for r in &outputs {
+        let value: serde_json::Value =
+            serde_json::from_str(r.value.as_deref().expect("a value")).expect("JSON output");
+        let id = value["id"].as_u64().expect("an id");
+        let count = value["count"].as_u64().expect("a count");
+        updates.entry(key_of(id)).or_default().push(count);
+    }
+    let mut wrong = Vec::new();
+    for (key, n) in &expected {
+        let mut got = updates.remove(key).unwrap_or_default();
+        got.sort_unstable();
+        if got != (1..=*n).collect::<Vec<_>>() {
+            wrong.push(format!(
+                "{key}: expected counts 1..={n}, got {} updates, first {:?}",
+                got.len(),
+                &got[..got.len().min(12)]
+            ));
+        }
+    }
+    assert!(updates.is_empty(), "updates of unknown keys: {updates:?}");
+    assert!(
+        wrong.is_empty(),
+        "{} keys wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    // The changelog's last value of each key is its count.
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for r in read_records(&s.changelog, PARTITIONS, "read_committed") {
+        let count = r
+            .value
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("a count");
+        last.insert(r.key.expect("a key"), count);
+    }
+    assert_eq!(
+        last, expected,
+        "the changelog's state differs from the input's counts"
+    );
+}
+
+/// Commit, then apply: every second transaction is aborted after its state changes were sent
+/// and seen by the records after them; the store forgets them, the records come again, and
+/// the counts stay exact.
+#[test]
+fn an_aborted_transaction_leaves_no_state_change() {
+    let s = setup("state-abort");
+    let ids: BTreeSet<u64> = (0..6_000).collect();
+    feed(&s, ids.iter().copied().collect(), 1_000_000)
+        .join()
+        .expect("feeder");
+    let text = std::fs::read_to_string(&s.topology).expect("topology file");
+    let topology = onceflow::topology::Topology::parse(&text, "test").expect("topology");
+    let options = onceflow::instance::RunOptions {
+        abort_every: Some(2),
+        ..Default::default()
+    };
+    let summary = run_in_process(&topology, options, &s.output, PARTITIONS, ids.len());
+    assert!(
+        summary.txn.aborted >= 5,
+        "too few aborts to prove anything: {summary:?}"
+    );
+    assert_exact(&s, &ids);
+}
+
+#[test]
+fn counts_stay_exact_when_the_job_is_sigkilled_and_restarted() {
+    let s = setup("state-crash");
+    let ids: BTreeSet<u64> = (0..60_000).collect();
+    // Over ~30 s: the job cannot be done before it was killed a few times.
+    let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
+    let mut rng = rand::rng();
+    let mut kills_mid_run = 0;
+    let mut visible = 0;
+    for round in 0..10 {
+        if kills_mid_run >= 3 {
+            break;
+        }
+        let mut child = spawn_job(&s.topology, "state-0", &[]);
+        let progressed =
+            wait_for_distinct(&s.output, PARTITIONS, visible + 1, Duration::from_secs(90));
+        assert!(
+            progressed > visible,
+            "round {round}: the job made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(2));
+        eprintln!(
+            "round {round}: SIGKILL with {visible} of {} ids visible",
+            ids.len()
+        );
+        if visible < ids.len() {
+            kills_mid_run += 1;
+        }
+    }
+    assert!(kills_mid_run >= 3, "the job was not killed 3 times mid-run");
+    feeder.join().expect("feeder");
+    let child = spawn_job(&s.topology, "state-0", &[]);
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
+    terminate(child);
+    assert_eq!(
+        seen,
+        ids.len(),
+        "not every record came through after the restarts"
+    );
+    assert_exact(&s, &ids);
+}
+
+/// State moves with its partitions: three instances, then one (two stop while records flow),
+/// then three again; the counts stay exact.
+#[test]
+fn counts_stay_exact_while_instances_leave_and_join() {
+    let s = setup("state-scale");
+    let ids: BTreeSet<u64> = (0..40_000).collect();
+    let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
+    let spawn = |n: usize| spawn_job(&s.topology, &format!("scale-{n}"), &[]);
+    let mut instances: Vec<_> = (0..3).map(spawn).collect();
+    wait_for_distinct(&s.output, PARTITIONS, 2_000, Duration::from_secs(90));
+    // Down to one: two stop cleanly, their partitions and state go to the third.
+    for child in instances.drain(1..) {
+        terminate(child);
+    }
+    let visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(2));
+    wait_for_distinct(
+        &s.output,
+        PARTITIONS,
+        visible + 2_000,
+        Duration::from_secs(90),
+    );
+    // Up to three again: partitions and state move back while records flow.
+    instances.extend((1..3).map(spawn));
+    feeder.join().expect("feeder");
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
+    for child in instances {
+        terminate(child);
+    }
+    assert_eq!(seen, ids.len(), "not every record came through");
+    assert_exact(&s, &ids);
+}
