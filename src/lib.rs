@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! source ──> codec (decode) ──> transform ──> codec (encode) ──> Kafka outputs, dead letters
-//!                                                           └──> sinks (PostgreSQL, HTTP)
+//!                                   │                       └──> sinks (PostgreSQL, HTTP)
+//!                                 state (stores) ──> changelogs in Kafka
 //!                       txn: the one owner of every transaction ──┘
 //! ```
 //!
@@ -23,6 +24,9 @@
 //!   schema registry whose schemas are fetched once per id and cached).
 //! * [`transform`]: the compiled pipeline of processors and CEL expressions; pure functions
 //!   of a record, no Kafka client or async type in sight.
+//! * [`state`]: the keyed stores of the stateful steps (`aggregate`), their changelogs in
+//!   the job's transaction (commit, then apply), and their restore when partitions are
+//!   assigned.
 //! * [`engine`]: the read-process-write loop of one job, thin: it polls, processes, lets the
 //!   pure [`engine::outcome`] decide what becomes of each record, and carries that out.
 //! * `relay`: the loop of a topology whose input is a PostgreSQL outbox table, and
