@@ -55,7 +55,7 @@
 //! * [`telemetry`]: every log line and metric, from one place; health and the HTTP endpoint.
 //! * [`validate`] and [`testing`]: what only a broker or a registry can answer for
 //!   `onceflow validate`, and `onceflow test` (a pipeline over a cases file, no broker).
-//! * [`cli`] (one file per command), `supervise` (signals, the grace period of a stop, the
+//! * [`cli`] (one file per command), [`alloc`] (the allocator's settings of the binaries), `supervise` (signals, the grace period of a stop, the
 //!   watchdog of hung calls), `failpoints` (every test failpoint), `retry` (the one
 //!   backoff), [`histogram`] (HdrHistogram of durations, 3 significant digits).
 //!
@@ -76,6 +76,7 @@
 // what a reader of the code follows.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod alloc;
 pub mod cli;
 pub mod codec;
 pub(crate) mod deploy;

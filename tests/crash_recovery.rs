@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rand::Rng;
 
 const PARTITIONS: i32 = 4;
 
@@ -71,35 +70,13 @@ fn sigkilled_and_restarted(name: &str, runtime: &str) {
     // even where each restart takes 10 s or more (at 4,000/s over 25 s, two slow restarts
     // on a loaded machine let the feed end before the third kill).
     let feeder = feed(&s, ids.clone(), 2_000);
-    let mut rng = rand::rng();
-    let mut kills_mid_run = 0;
-    let mut visible = 0;
-    for round in 0..10 {
-        if kills_mid_run >= 3 {
-            break;
-        }
-        let mut child = spawn(&s, &format!("{name}-0"));
-        // Kill at a random moment after this incarnation committed something, however slow
-        // its start is on a loaded machine.
-        let progressed =
-            wait_for_distinct(&s.output, PARTITIONS, visible + 1, Duration::from_secs(90));
-        assert!(
-            progressed > visible,
-            "round {round}: the job made no progress"
-        );
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
-        child.kill().expect("SIGKILL"); // std's kill sends SIGKILL
-        child.wait().expect("reap");
-        visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(2));
-        eprintln!(
-            "round {round}: SIGKILL with {visible} of {} ids visible",
-            ids.len()
-        );
-        if visible < ids.len() {
-            kills_mid_run += 1;
-        }
-    }
-    assert!(kills_mid_run >= 3, "the job was not killed 3 times mid-run");
+    kill_mid_run(
+        &|| spawn(&s, &format!("{name}-0")),
+        &s.output,
+        PARTITIONS,
+        ids.len(),
+        3,
+    );
     feeder.join().expect("feeder");
 
     let child = spawn(&s, &format!("{name}-0"));

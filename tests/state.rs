@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
-use rand::Rng;
 
 const PARTITIONS: i32 = 4;
 const KEYS: u64 = 200;
@@ -152,33 +151,13 @@ fn counts_stay_exact_when_the_job_is_sigkilled_and_restarted() {
     let ids: BTreeSet<u64> = (0..60_000).collect();
     // Over ~30 s: the job cannot be done before it was killed a few times.
     let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
-    let mut rng = rand::rng();
-    let mut kills_mid_run = 0;
-    let mut visible = 0;
-    for round in 0..10 {
-        if kills_mid_run >= 3 {
-            break;
-        }
-        let mut child = spawn_job(&s.topology, "state-0", &[]);
-        let progressed =
-            wait_for_distinct(&s.output, PARTITIONS, visible + 1, Duration::from_secs(90));
-        assert!(
-            progressed > visible,
-            "round {round}: the job made no progress"
-        );
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
-        visible = distinct_now(&s.output, PARTITIONS, Duration::from_secs(2));
-        eprintln!(
-            "round {round}: SIGKILL with {visible} of {} ids visible",
-            ids.len()
-        );
-        if visible < ids.len() {
-            kills_mid_run += 1;
-        }
-    }
-    assert!(kills_mid_run >= 3, "the job was not killed 3 times mid-run");
+    kill_mid_run(
+        &|| spawn_job(&s.topology, "state-0", &[]),
+        &s.output,
+        PARTITIONS,
+        ids.len(),
+        3,
+    );
     feeder.join().expect("feeder");
     let child = spawn_job(&s.topology, "state-0", &[]);
     let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));

@@ -96,7 +96,7 @@ pub fn main(cli: Cli) -> ExitCode {
 
 /// An error with its causes, each once: the crate's errors already show their cause in
 /// their own message, and a cause already said is not repeated.
-fn chain(e: &anyhow::Error) -> String {
+pub fn chain(e: &anyhow::Error) -> String {
     let mut text = e.to_string();
     let mut last = text.clone();
     for cause in e.chain().skip(1) {

@@ -13,7 +13,11 @@ pub mod send;
 pub mod transactions;
 pub mod wire;
 
+use std::time::Duration;
+
 use rdkafka::ClientConfig;
+use rdkafka::client::{Client, ClientContext};
+use rdkafka::error::KafkaResult;
 
 /// Where a command's cluster is: bootstrap servers, and librdkafka settings for its clients
 /// (security: `security.protocol`, `ssl.ca.location`, `sasl.*`...).
@@ -40,4 +44,19 @@ impl Cluster {
         config.set("bootstrap.servers", &self.bootstrap);
         config
     }
+}
+
+/// The partition count of `topic` as the cluster's metadata gives it, `None` when the topic
+/// does not exist (or has no partition yet).
+pub fn partition_count<C: ClientContext>(
+    client: &Client<C>,
+    topic: &str,
+    timeout: Duration,
+) -> KafkaResult<Option<usize>> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        .map(|t| t.partitions().len()))
 }

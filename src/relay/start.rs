@@ -125,18 +125,12 @@ impl<'t> Relay<'t> {
 
     /// The partition count of a topic, `None` when it does not exist.
     fn partitions(&self, topic: &str) -> Result<Option<usize>, RelayError> {
-        let metadata = self
-            .reader
-            .fetch_metadata(Some(topic), self.timeout)
-            .map_err(|error| RelayError::Client {
+        crate::kafka::partition_count(self.reader.client(), topic, self.timeout).map_err(|error| {
+            RelayError::Client {
                 what: format!("cannot read metadata of {topic}"),
                 error,
-            })?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            .map(|t| t.partitions().len()))
+            }
+        })
     }
 }
 

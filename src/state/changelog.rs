@@ -36,17 +36,12 @@ fn partitions<C: ConsumerContext>(
     topic: &str,
     timeout: Duration,
 ) -> Result<Option<usize>, ChangelogError> {
-    let metadata = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|error| ChangelogError::Metadata {
+    crate::kafka::partition_count(consumer.client(), topic, timeout).map_err(|error| {
+        ChangelogError::Metadata {
             topic: topic.to_string(),
             error,
-        })?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-        .map(|t| t.partitions().len()))
+        }
+    })
 }
 
 /// Creates every missing changelog of `changelogs` with the partition count of `input`, and

@@ -680,3 +680,46 @@ impl Db {
         self.query(sql)[0].get(0)
     }
 }
+
+/// Starts a job with `spawn` and SIGKILLs it at a random moment after it made progress
+/// visible on `output` (its `partitions`), again and again, until it was killed `kills` times
+/// with ids of the `total` still missing: a job that cannot be done before it was killed that
+/// often. Gives up after ten rounds.
+pub fn kill_mid_run(
+    spawn: &dyn Fn() -> KillOnDrop,
+    output: &str,
+    partitions: i32,
+    total: usize,
+    kills: usize,
+) {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let mut kills_mid_run = 0;
+    let mut visible = 0;
+    for round in 0..10 {
+        if kills_mid_run >= kills {
+            break;
+        }
+        let mut child = spawn();
+        // Kill at a random moment after this incarnation committed something, however slow
+        // its start is on a loaded machine.
+        let progressed =
+            wait_for_distinct(output, partitions, visible + 1, Duration::from_secs(90));
+        assert!(
+            progressed > visible,
+            "round {round}: the job made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
+        child.kill().expect("SIGKILL"); // std's kill sends SIGKILL
+        child.wait().expect("reap");
+        visible = distinct_now(output, partitions, Duration::from_secs(2));
+        eprintln!("round {round}: SIGKILL with {visible} of {total} ids visible");
+        if visible < total {
+            kills_mid_run += 1;
+        }
+    }
+    assert!(
+        kills_mid_run >= kills,
+        "the job was not killed {kills} times mid-run"
+    );
+}

@@ -17,20 +17,6 @@ use onceflow_bench::{self as bench, BenchConfig};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (its v3 `include/mimalloc.h`, `enum mi_option_e`; the
-/// sys crate has no constant for it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Memory the process frees stays with mimalloc for reuse, as in onceflow's binary; the
-/// environment's `MIMALLOC_PURGE_DELAY` still decides when set.
-fn keep_freed_memory() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        // SAFETY: sets an option of the allocator linked in; options are plain integers
-        // read when mimalloc decides to purge, and -1 is its documented "never".
-        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-    }
-}
-
 /// Measure throughput against partition count: the broker's produce/consume ceiling,
 /// onceflow at-least-once and exactly-once, and Kafka Streams exactly_once_v2, on one broker
 /// in one run. Writes bench.csv, bench.md and throughput.svg, prints the table. Lists are
@@ -209,30 +195,15 @@ fn run_client(args: BenchArgs, kind: &str) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    keep_freed_memory();
+    onceflow::alloc::keep_freed_memory();
     onceflow::telemetry::init_tracing(false);
     match run(BenchArgs::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", chain(&e));
+            eprintln!("error: {}", onceflow::cli::chain(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error with its causes, each once (as onceflow's command line prints them).
-fn chain(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    let mut last = text.clone();
-    for cause in e.chain().skip(1) {
-        let said = cause.to_string();
-        if !last.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        last = said;
-    }
-    text
 }
 
 /// The onceflow binary: the one given, or `onceflow` beside this program.
