@@ -63,6 +63,11 @@ pub struct Case {
     /// Input records expected to fail, and how.
     #[serde(default)]
     pub errors: Vec<ExpectedError>,
+    /// The stores' state after the last record: store name -> key (UTF-8) -> its state
+    /// (JSON). A store named here must hold exactly these keys; stores not named are not
+    /// compared.
+    #[serde(default)]
+    pub state: BTreeMap<String, BTreeMap<String, Json>>,
 }
 
 /// A record fed to the pipeline.
@@ -200,7 +205,8 @@ fn run_case(
     case: &Case,
 ) -> CaseReport {
     let mut mismatches = Vec::new();
-    let (got, errors) = feed(topology, pipeline, dir, case, &mut mismatches);
+    let mut state = crate::state::Stores::default();
+    let (got, errors) = feed(topology, pipeline, dir, case, &mut state, &mut mismatches);
     for name in case.expect.keys() {
         if !topology.outputs.iter().any(|o| o.name() == name) {
             mismatches.push(format!("expect: no output is named `{name}`"));
@@ -228,6 +234,7 @@ fn run_case(
         }
     }
     compare_errors(case, &errors, &mut mismatches);
+    compare_state(topology, case, &state, &mut mismatches);
     CaseReport {
         name: case.name.clone(),
         mismatches,
@@ -244,6 +251,7 @@ fn feed(
     pipeline: &Pipeline,
     dir: Option<&Path>,
     case: &Case,
+    state: &mut crate::state::Stores,
     mismatches: &mut Vec<String>,
 ) -> (Vec<Vec<Record>>, Vec<Failure>) {
     let avro_out = AvroDecoder::new(std::sync::Arc::clone(pipeline.registry()), None);
@@ -252,7 +260,6 @@ fn feed(
     let mut out = Vec::new();
     // The case's records go through the stateful steps in order, each committed alone: a
     // record that fails leaves no state change, as in a job.
-    let mut state = crate::state::Stores::default();
     for (n, input) in case.input.iter().enumerate() {
         let record = match input_record(topology, pipeline, dir, n, input) {
             Ok(record) => record,
@@ -263,7 +270,7 @@ fn feed(
         };
         out.clear();
         state.begin_record();
-        let processed = pipeline.process_with(record, &mut state, &mut out);
+        let processed = pipeline.process_with(record, state, &mut out);
         if processed.is_ok() {
             let _ = state.take_record();
             state.commit();
@@ -413,6 +420,43 @@ fn diff(output: &Output, codec: Codec, expected: &[ExpectedRecord], actual: &[Re
 }
 
 /// The records that failed against those expected to fail.
+/// The final state of every store the case names against what it expects: the same keys,
+/// each with the same JSON state.
+fn compare_state(
+    topology: &Topology,
+    case: &Case,
+    state: &crate::state::Stores,
+    mismatches: &mut Vec<String>,
+) {
+    for (name, expected) in &case.state {
+        let Some(store) = topology.aggregates().position(|(_, a)| &a.name == name) else {
+            mismatches.push(format!("state: no stateful step is named `{name}`"));
+            continue;
+        };
+        let actual: BTreeMap<String, Json> = state
+            .entries(store)
+            .into_iter()
+            .map(|(k, v)| {
+                let value = serde_json::from_slice(&v)
+                    .unwrap_or_else(|_| Json::String(String::from_utf8_lossy(&v).into_owned()));
+                (String::from_utf8_lossy(&k).into_owned(), value)
+            })
+            .collect();
+        if &actual != expected {
+            mismatches.push(format!(
+                "state `{name}`: expected {}, got {}",
+                Json::from(
+                    expected
+                        .clone()
+                        .into_iter()
+                        .collect::<serde_json::Map<_, _>>()
+                ),
+                Json::from(actual.into_iter().collect::<serde_json::Map<_, _>>())
+            ));
+        }
+    }
+}
+
 fn compare_errors(case: &Case, errors: &[Failure], mismatches: &mut Vec<String>) {
     for (n, kind, message) in errors {
         if !case.errors.iter().any(|e| e.input == *n && &e.kind == kind) {

@@ -4,7 +4,7 @@
 //! outbox table is there is [`crate::relay::check_outbox_table`]'s; everything that needs no
 //! service is [`crate::load`]'s.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::kafka::Cluster;
@@ -57,6 +57,7 @@ pub fn check_broker(
         }
     };
     let mut out = missing_topics(topology, &metadata.topics, bootstrap, &at);
+    out.extend(changelog_partitions(topology, &metadata.partitions, &at));
     out.extend(transaction_timeout_ceilings(
         topology,
         &admin,
@@ -191,6 +192,38 @@ fn missing_topics(
         }
     }
     out
+}
+
+/// A problem for every changelog of a stateful step that exists with another partition count
+/// than the input's (partition p of a changelog holds the state of input partition p). A
+/// missing changelog is no problem: the job creates it.
+fn changelog_partitions(
+    topology: &Topology,
+    partitions: &BTreeMap<String, usize>,
+    at: &Locator<'_>,
+) -> Vec<Diagnostic> {
+    let Some(expected) = topology
+        .input_topics()
+        .first()
+        .and_then(|input| partitions.get(*input))
+    else {
+        return Vec::new();
+    };
+    topology
+        .aggregates()
+        .filter_map(|(i, a)| {
+            let topic = topology.changelog_topic(&a.name);
+            let found = partitions.get(&topic)?;
+            (found != expected).then(|| {
+                at.diag(
+                    &format!("pipeline[{i}].aggregate.name"),
+                    format!(
+                        "its changelog `{topic}` has {found} partitions, the input has {expected}: partition p of a changelog holds the state of input partition p. Delete the changelog (its state is rebuilt from nothing) or recreate it with {expected} partitions"
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// A problem for every broker whose `transaction.max.timeout.ms` is below the topology's

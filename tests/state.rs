@@ -201,3 +201,35 @@ fn counts_stay_exact_while_instances_leave_and_join() {
     assert_eq!(seen, ids.len(), "not every record came through");
     assert_exact(&s, &ids);
 }
+
+/// A changelog whose partition count is not the input's would put a partition's state where
+/// another partition's is restored from: `validate --broker` names it, and the job refuses to
+/// start.
+#[test]
+fn a_changelog_with_another_partition_count_is_refused() {
+    let s = setup("state-parts");
+    create_topics(&[&s.changelog], PARTITIONS + 1);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("validate")
+        .arg(&s.topology)
+        .args(["--broker", &bootstrap()])
+        .output()
+        .expect("run validate");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("pipeline[0].aggregate.name")
+            && said.contains(&format!(
+                "has {} partitions, the input has {PARTITIONS}",
+                PARTITIONS + 1
+            )),
+        "{said}"
+    );
+    let mut job = spawn_job(&s.topology, "parts-0", &[]);
+    let status = wait_exit(&mut job, Duration::from_secs(60)).expect("the job stops");
+    assert!(!status.success(), "{status:?}");
+}

@@ -1,7 +1,7 @@
 //! Admin calls: creating topics (and waiting until every partition has a leader), deleting
 //! topics, and what the cluster's metadata and a broker's configuration say.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,8 @@ pub struct ClusterMetadata {
     pub brokers: Vec<i32>,
     /// Topics the metadata lists without an error.
     pub topics: BTreeSet<String>,
+    /// The partition count of each of those topics.
+    pub partitions: BTreeMap<String, usize>,
 }
 
 /// An admin client of a cluster.
@@ -204,13 +206,12 @@ impl Admin {
                 what: "cluster metadata",
                 source,
             })?;
+        let listed = || metadata.topics().iter().filter(|t| t.error().is_none());
         Ok(ClusterMetadata {
             brokers: metadata.brokers().iter().map(|b| b.id()).collect(),
-            topics: metadata
-                .topics()
-                .iter()
-                .filter(|t| t.error().is_none())
-                .map(|t| t.name().to_string())
+            topics: listed().map(|t| t.name().to_string()).collect(),
+            partitions: listed()
+                .map(|t| (t.name().to_string(), t.partitions().len()))
                 .collect(),
         })
     }
@@ -259,5 +260,6 @@ mod tests {
         assert_eq!(brokers, [1, 2]);
         assert!(metadata.topics.contains("present"), "{metadata:?}");
         assert!(!metadata.topics.contains("absent"), "{metadata:?}");
+        assert_eq!(metadata.partitions.get("present"), Some(&2));
     }
 }

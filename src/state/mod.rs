@@ -40,7 +40,47 @@ pub struct Change {
     pub value: Option<Vec<u8>>,
 }
 
-type Table = HashMap<Vec<u8>, Vec<u8>>;
+/// The committed state of one store on one partition, and its size.
+#[derive(Debug, Default)]
+pub struct Table {
+    map: HashMap<Vec<u8>, Vec<u8>>,
+    /// Key and value bytes held.
+    bytes: u64,
+}
+
+impl Table {
+    /// Sets (or with `None`, deletes) the value of `key`.
+    pub fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let len = key.len() as u64;
+        let old = match value {
+            Some(v) => {
+                self.bytes += len + v.len() as u64;
+                self.map.insert(key, v)
+            }
+            None => self.map.remove(&key),
+        };
+        if let Some(old) = old {
+            self.bytes -= len + old.len() as u64;
+        }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.map.get(key).map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Key and value bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
 
 /// Changes by key; `None` deletes the key.
 type Changes = HashMap<Vec<u8>, Option<Vec<u8>>>;
@@ -112,13 +152,10 @@ impl Stores {
             }
             let table = self.tables.entry(at).or_default();
             for (key, value) in changes {
-                match value {
-                    Some(v) => table.insert(key, v),
-                    None => table.remove(&key),
-                };
+                table.put(key, value);
             }
         }
-        crate::telemetry::state_committed(&self.changelogs, &counts, &self.key_counts());
+        crate::telemetry::state_committed(&self.changelogs, &counts, &self.sizes());
     }
 
     /// The transaction aborted: its changes are forgotten (its records come again).
@@ -138,15 +175,29 @@ impl Stores {
         self.tables.insert((store, partition), table);
     }
 
-    /// The number of keys of every store, by store index (assigned partitions only).
-    pub fn key_counts(&self) -> Vec<u64> {
-        let mut counts = vec![0u64; self.changelogs.len()];
+    /// Every committed key and value of `store`, over all partitions, in key order.
+    pub fn entries(&self, store: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut all: Vec<(Vec<u8>, Vec<u8>)> = self
+            .tables
+            .iter()
+            .filter(|((s, _), _)| *s == store)
+            .flat_map(|(_, t)| t.map.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// The keys and the key and value bytes of every store, by store index (assigned
+    /// partitions only).
+    pub fn sizes(&self) -> Vec<(u64, u64)> {
+        let mut sizes = vec![(0u64, 0u64); self.changelogs.len()];
         for (&(store, _), table) in &self.tables {
-            if let Some(c) = counts.get_mut(store) {
-                *c += table.len() as u64;
+            if let Some((keys, bytes)) = sizes.get_mut(store) {
+                *keys += table.len() as u64;
+                *bytes += table.bytes();
             }
         }
-        counts
+        sizes
     }
 }
 
@@ -170,7 +221,6 @@ impl KeyedState for Stores {
         self.tables
             .get(&(store, partition))
             .and_then(|t| t.get(key))
-            .map(Vec::as_slice)
     }
 
     fn put(&mut self, store: usize, partition: i32, key: &[u8], value: Option<Vec<u8>>) {
@@ -208,7 +258,7 @@ mod tests {
         assert!(s.tables.is_empty());
         s.commit();
         assert_eq!(get(&s, "k").as_deref(), Some("1"));
-        assert_eq!(s.key_counts(), [1]);
+        assert_eq!(s.sizes(), [(1, 2)]);
     }
 
     #[test]
@@ -237,7 +287,7 @@ mod tests {
         let _ = s.take_record();
         s.commit();
         assert_eq!(get(&s, "k"), None);
-        assert_eq!(s.key_counts(), [0]);
+        assert_eq!(s.sizes(), [(0, 0)]);
     }
 
     #[test]

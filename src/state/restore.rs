@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
-use super::Stores;
+use super::{Stores, Table};
 use crate::telemetry;
 
 /// Why a restore failed.
@@ -37,7 +37,11 @@ struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        let eof = matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !eof {
             telemetry::restore_client_error(&error, reason);
         }
     }
@@ -101,8 +105,6 @@ pub fn restore(
     Ok(total)
 }
 
-type Table = HashMap<Vec<u8>, Vec<u8>>;
-
 /// Every record of `topic`'s `partitions`, folded into a table per partition (the last value
 /// of a key counts, a tombstone deletes it); with the number of records read.
 fn read_to_end(
@@ -116,7 +118,16 @@ fn read_to_end(
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
-    let mut tables: HashMap<i32, Table> = partitions.iter().map(|&p| (p, Table::new())).collect();
+    // At most this many records to read: what the log holds, markers and aborted records
+    // included (the restore lag the metric shows counts down from it).
+    let mut to_read = 0u64;
+    for &p in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
+        to_read += u64::try_from(high - low).unwrap_or(0);
+    }
+    telemetry::state_restoring(topic, partitions, 0, to_read);
+    let mut tables: HashMap<i32, Table> =
+        partitions.iter().map(|&p| (p, Table::default())).collect();
     let mut open: Vec<i32> = partitions.to_vec();
     let mut read = 0u64;
     let mut deadline = Instant::now() + timeout;
@@ -140,17 +151,15 @@ fn read_to_end(
                 let (Some(table), Some(key)) = (tables.get_mut(&msg.partition()), msg.key()) else {
                     continue;
                 };
-                match msg.payload() {
-                    Some(v) => table.insert(key.to_vec(), v.to_vec()),
-                    None => table.remove(key),
-                };
+                table.put(key.to_vec(), msg.payload().map(<[u8]>::to_vec));
             }
         }
         if last_log.elapsed() >= Duration::from_secs(5) {
             last_log = Instant::now();
-            telemetry::state_restoring(topic, &open, read);
+            telemetry::state_restoring(topic, &open, read, to_read);
         }
     }
+    telemetry::state_restoring(topic, &open, to_read, to_read);
     consumer.unassign()?;
     Ok((tables, read))
 }

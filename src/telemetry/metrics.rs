@@ -48,7 +48,9 @@ pub const OUTBOX_OLDEST: &str = "onceflow_outbox_oldest_pending_seconds";
 pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
 pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 pub const STATE_KEYS: &str = "onceflow_state_keys";
+pub const STATE_BYTES: &str = "onceflow_state_bytes";
 pub const STATE_CHANGES: &str = "onceflow_state_changes_total";
+pub const STATE_RESTORE_REMAINING: &str = "onceflow_state_restore_remaining_records";
 pub const STATE_RESTORED: &str = "onceflow_state_restored_records_total";
 pub const STATE_RESTORE_DURATION: &str = "onceflow_state_restore_duration_seconds";
 
@@ -184,8 +186,16 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "Keys held in the stores of the assigned partitions, by store.",
     ),
     (
+        STATE_BYTES,
+        "Key and value bytes held in the stores of the assigned partitions, by store.",
+    ),
+    (
         STATE_CHANGES,
         "State changes committed (records written to the changelogs), by store.",
+    ),
+    (
+        STATE_RESTORE_REMAINING,
+        "Changelog records a restore in progress has at most left to read (the restore lag), by changelog.",
     ),
     (
         STATE_RESTORED,

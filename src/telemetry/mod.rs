@@ -148,20 +148,27 @@ pub fn restore_client_error(error: &dyn std::fmt::Display, reason: &str) {
     warn!(%error, reason, "state restore: kafka client error");
 }
 
-/// A restore goes on: `read` records of `topic` so far, `open` partitions not at their end.
-pub fn state_restoring(topic: &str, open: &[i32], read: u64) {
-    info!(topic, partitions = ?open, read, "restoring state");
+/// A restore goes on: `read` records of `topic` so far of at most `to_read`, `open`
+/// partitions not at their end.
+pub fn state_restoring(topic: &str, open: &[i32], read: u64, to_read: u64) {
+    let left = to_read.saturating_sub(read);
+    gauge!(m::STATE_RESTORE_REMAINING, "changelog" => topic.to_string()).set(left as f64);
+    if !open.is_empty() {
+        info!(topic, partitions = ?open, read, to_read, "restoring state");
+    }
 }
 
-/// A transaction committed these state changes, and the stores hold these keys, by store.
-pub fn state_committed(stores: &[String], changes: &[u64], keys: &[u64]) {
+/// A transaction committed these state changes, and the stores hold these keys and bytes,
+/// by store.
+pub fn state_committed(stores: &[String], changes: &[u64], sizes: &[(u64, u64)]) {
     for (i, store) in stores.iter().enumerate() {
         let label = store.clone();
         if let Some(&n) = changes.get(i).filter(|&&n| n > 0) {
             counter!(m::STATE_CHANGES, "store" => label.clone()).increment(n);
         }
-        if let Some(&k) = keys.get(i) {
-            gauge!(m::STATE_KEYS, "store" => label).set(k as f64);
+        if let Some(&(keys, bytes)) = sizes.get(i) {
+            gauge!(m::STATE_KEYS, "store" => label.clone()).set(keys as f64);
+            gauge!(m::STATE_BYTES, "store" => label).set(bytes as f64);
         }
     }
 }
