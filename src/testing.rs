@@ -273,7 +273,9 @@ fn feed(
         let processed = pipeline.process_with(record, state, &mut out);
         if processed.is_ok() {
             let _ = state.take_record();
-            state.commit();
+            if let Err(e) = state.commit() {
+                mismatches.push(format!("input[{n}]: {e}"));
+            }
         }
         match processed {
             Ok(()) => {

@@ -16,6 +16,8 @@ const KEYS: u64 = 200;
 
 struct Setup {
     _dir: tempfile::TempDir,
+    /// The disk stores of the job's instances.
+    _state: tempfile::TempDir,
     topology: PathBuf,
     input: String,
     output: String,
@@ -33,6 +35,8 @@ fn setup_with(name: &str, runtime: &str) -> Setup {
     let output = unique(&format!("{name}-out"));
     let job = unique(name);
     create_topics(&[&input, &output], PARTITIONS);
+    let state = tempfile::tempdir().expect("state dir");
+    let runtime = format!("  state_dir: {}\n{runtime}", state.path().display());
     let yaml = format!(
         "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - aggregate: {{name: counts, op: count, as: count}}\n  - set_key: string(value.id)\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  max_records_per_txn: 500\n  group_protocol: {}\n{runtime}",
         group_protocol()
@@ -40,6 +44,7 @@ fn setup_with(name: &str, runtime: &str) -> Setup {
     let (dir, topology) = topology_file(&yaml);
     Setup {
         _dir: dir,
+        _state: state,
         topology,
         input,
         output,
@@ -232,4 +237,82 @@ fn a_changelog_with_another_partition_count_is_refused() {
     let mut job = spawn_job(&s.topology, "parts-0", &[]);
     let status = wait_exit(&mut job, Duration::from_secs(60)).expect("the job stops");
     assert!(!status.success(), "{status:?}");
+}
+
+/// The records a restore read, from the job's metrics at `addr`, once it has served them.
+fn restored_records(addr: &str) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((200, body)) = get(addr, "/metrics")
+            && let Some(n) = metric(&body, "onceflow_state_restored_records_total", &[])
+        {
+            return n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no restore metric at {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A restart after a SIGKILL reads only the changelog's tail when the disk store has a
+/// checkpoint, and the whole changelog with the memory store; the counts are exact either
+/// way.
+fn restart_restores(store: &str) -> (f64, usize) {
+    let s = setup_with(
+        &format!("state-tail-{store}"),
+        &format!("  state_store: {store}\n"),
+    );
+    let first: Vec<u64> = (0..30_000).collect();
+    feed(&s, first.clone(), 1_000_000).join().expect("feeder");
+    let mut job = spawn_job(&s.topology, "tail-0", &[]);
+    wait_for_distinct(&s.output, PARTITIONS, first.len(), Duration::from_secs(120));
+    // A commit after the checkpoint interval writes a checkpoint.
+    std::thread::sleep(Duration::from_secs(11));
+    feed(&s, (30_000..30_100).collect(), 1_000_000)
+        .join()
+        .expect("feeder");
+    wait_for_distinct(&s.output, PARTITIONS, 30_100, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(1));
+    job.kill().expect("SIGKILL");
+    job.wait().expect("reap");
+    let changelog = read_records(&s.changelog, PARTITIONS, "read_committed").len();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let job = spawn_job(
+        &s.topology,
+        "tail-0",
+        &[("ONCEFLOW_METRICS_ADDR", addr.as_str())],
+    );
+    feed(&s, (30_100..30_200).collect(), 1_000_000)
+        .join()
+        .expect("feeder");
+    wait_for_distinct(&s.output, PARTITIONS, 30_200, Duration::from_secs(120));
+    let restored = restored_records(&addr);
+    terminate(job);
+    assert_exact(&s, &(0..30_200).collect());
+    (restored, changelog)
+}
+
+#[test]
+fn a_restart_restores_only_the_tail_from_the_disk_store() {
+    let (restored, changelog) = restart_restores("disk");
+    eprintln!("disk store: {restored} of {changelog} changelog records read by the restore");
+    assert!(changelog >= 30_100, "{changelog}");
+    assert!(
+        restored < 1_000.0,
+        "the restore read {restored} of {changelog} changelog records: not the tail"
+    );
+}
+
+#[test]
+fn a_restart_restores_the_whole_changelog_into_the_memory_store() {
+    let (restored, changelog) = restart_restores("memory");
+    eprintln!("memory store: {restored} of {changelog} changelog records read by the restore");
+    assert!(restored >= 30_100.0, "{restored} of {changelog}");
 }

@@ -3,12 +3,10 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::{ClientConfig, ClientContext, TopicPartitionList};
+use rdkafka::{ClientContext, TopicPartitionList};
 
-use crate::state;
 use crate::sync::lock;
 use crate::telemetry::{self, health::Health};
 use crate::txn::{AbortReason, Txn, TxnError};
@@ -19,9 +17,6 @@ pub struct SourceContext {
     failure: Mutex<Option<TxnError>>,
     health: Arc<Health>,
     assigned: AtomicI64,
-    /// For a job with state: the restore consumer's configuration, and how long a restore
-    /// may go without progress.
-    restore: Option<(ClientConfig, Duration)>,
 }
 
 impl SourceContext {
@@ -31,25 +26,15 @@ impl SourceContext {
             failure: Mutex::new(None),
             health,
             assigned: AtomicI64::new(0),
-            restore: None,
         }
     }
 
-    /// A context that restores the state of every partition assigned, before any of its
-    /// records is consumed, with a consumer of `config`.
-    pub fn with_restore(mut self, config: ClientConfig, timeout: Duration) -> SourceContext {
-        self.restore = Some((config, timeout));
-        self
-    }
-
-    /// Restores the state of the partitions of `tpl`; a failure stops the job.
+    /// Brings the state of the partitions of `tpl` up to their changelogs' ends (nothing for
+    /// a stateless job); a failure stops the job.
     fn restore(&self, tpl: &TopicPartitionList) {
-        let Some((config, timeout)) = &self.restore else {
-            return;
-        };
         let parts: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
         let mut txn = lock(&self.txn);
-        if let Err(e) = state::restore::restore(config, txn.state(), &parts, *timeout) {
+        if let Err(e) = txn.state().restore(&parts) {
             *lock(&self.failure) = Some(TxnError::State(e.to_string()));
         }
     }
@@ -101,7 +86,9 @@ impl ConsumerContext for SourceContext {
                 }
                 // The partitions' state is another member's now.
                 for e in tpl.elements() {
-                    txn.state().drop_partition(e.partition());
+                    if let Err(e) = txn.state().drop_partition(e.partition()) {
+                        *lock(&self.failure) = Some(TxnError::State(e.to_string()));
+                    }
                 }
             }
             Rebalance::Error(e) => telemetry::consumer_error(e),

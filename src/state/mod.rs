@@ -11,21 +11,36 @@
 //! * the transaction's changes: sent to the changelog in the transaction, applied to the
 //!   tables only once it commits ([`Stores::commit`]), forgotten when it aborts
 //!   ([`Stores::abort`]): commit, then apply, never a wipe and a full restore after an abort;
-//! * the tables: the committed state of each assigned partition, restored from the
-//!   changelog (read_committed, up to its end offset) when the partition is assigned, before
-//!   any of its records is processed ([`restore`]), and dropped when it is revoked.
+//! * the store: the committed state of each assigned partition, in memory or on disk
+//!   ([`store`]), brought up to the changelog's end when the partition is assigned, before
+//!   any of its records is processed ([`restore`]): on disk from its checkpoint (the tail),
+//!   in memory or without a valid checkpoint from the beginning. A revoked partition's state
+//!   is dropped.
 //!
 //! Values are JSON (the changelog is readable by any Kafka client); a delete is a tombstone.
 
 pub mod changelog;
 pub mod restore;
+pub mod store;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+
+use store::{Backend, Checkpoint, Memory, StoreError};
 
 /// A store's key-value view for the pipeline, over the partition of the record at hand.
 pub trait KeyedState {
-    /// The value of `key` in store `store` of `partition`.
-    fn get(&self, store: usize, partition: i32, key: &[u8]) -> Option<&[u8]>;
+    /// The value of `key` in store `store` of `partition`; an error when the store cannot be
+    /// read (a disk failure).
+    fn get(
+        &self,
+        store: usize,
+        partition: i32,
+        key: &[u8],
+    ) -> Result<Option<Cow<'_, [u8]>>, StoreError>;
     /// Sets (or with `None`, deletes) the value of `key`.
     fn put(&mut self, store: usize, partition: i32, key: &[u8], value: Option<Vec<u8>>);
 }
@@ -80,32 +95,81 @@ impl Table {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.map.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))
+    }
 }
 
 /// Changes by key; `None` deletes the key.
 type Changes = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// The stores of a job: their changelog topics, the tables of the assigned partitions, and
-/// the changes of the open transaction and of the record at hand.
-#[derive(Debug, Default)]
+/// The stores of a job: their changelog topics, the committed state of the assigned
+/// partitions, and the changes of the open transaction and of the record at hand.
 pub struct Stores {
     /// The changelog topic of each store, by store index.
     changelogs: Vec<String>,
-    /// The committed state, by (store, partition).
-    tables: HashMap<(usize, i32), Table>,
+    /// The committed state.
+    backend: Box<dyn Backend>,
     /// The open transaction's changes, by (store, partition) and key; the last one counts.
     pending: HashMap<(usize, i32), Changes>,
     /// The changes of the record at hand, in order.
     record: Vec<Change>,
+    /// When the last checkpoint was written after a commit.
+    checkpointed: Instant,
+    /// The consumer that restores assigned partitions and reads the changelogs' ends for a
+    /// checkpoint, and how long a restore may go without progress (none: nothing to restore,
+    /// as in `onceflow test`).
+    reader: Option<(restore::RestoreConsumer, Duration)>,
+}
+
+impl Default for Stores {
+    fn default() -> Stores {
+        Stores::new(Vec::new(), Box::<Memory>::default())
+    }
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores")
+            .field("changelogs", &self.changelogs)
+            .finish()
+    }
 }
 
 impl Stores {
-    /// Stores whose changes go to these changelog topics (none: a stateless job).
-    pub fn new(changelogs: Vec<String>) -> Stores {
+    /// Stores whose changes go to these changelog topics (none: a stateless job), their
+    /// committed state kept in `backend`.
+    pub fn new(changelogs: Vec<String>, backend: Box<dyn Backend>) -> Stores {
         Stores {
             changelogs,
-            ..Stores::default()
+            backend,
+            pending: HashMap::new(),
+            record: Vec::new(),
+            checkpointed: Instant::now(),
+            reader: None,
         }
+    }
+
+    /// Stores that restore assigned partitions with `consumer`, which may go `timeout`
+    /// without progress.
+    pub fn with_reader(mut self, consumer: restore::RestoreConsumer, timeout: Duration) -> Stores {
+        self.reader = Some((consumer, timeout));
+        self
+    }
+
+    /// Brings the state of newly assigned `partitions` up to their changelogs' ends, before
+    /// any of their records is processed.
+    pub fn restore(
+        &mut self,
+        partitions: &[i32],
+    ) -> Result<restore::Restored, restore::RestoreError> {
+        let Some((consumer, timeout)) = self.reader.take() else {
+            return Ok(restore::Restored::default());
+        };
+        let result = restore::restore(&consumer, self, partitions, timeout);
+        self.reader = Some((consumer, timeout));
+        result
     }
 
     /// Whether the job has any store.
@@ -140,22 +204,64 @@ impl Stores {
         changes
     }
 
-    /// The transaction committed: its changes reach the tables.
-    pub fn commit(&mut self) {
+    /// The transaction committed: its changes reach the store, in one batch.
+    pub fn commit(&mut self) -> Result<(), StoreError> {
         if self.pending.is_empty() {
-            return;
+            return Ok(());
         }
         let mut counts = vec![0u64; self.changelogs.len()];
-        for (at, changes) in self.pending.drain() {
-            if let Some(c) = counts.get_mut(at.0) {
+        for (&(store, _), changes) in &self.pending {
+            if let Some(c) = counts.get_mut(store) {
                 *c += changes.len() as u64;
             }
-            let table = self.tables.entry(at).or_default();
-            for (key, value) in changes {
-                table.put(key, value);
-            }
         }
+        let pending = std::mem::take(&mut self.pending);
+        self.backend.apply(pending, &[])?;
         crate::telemetry::state_committed(&self.changelogs, &counts, &self.sizes());
+        let now = Instant::now();
+        if self.checkpoint_due(now)
+            && let Some((consumer, timeout)) = self.reader.take()
+        {
+            let result = self.checkpoint(now, |topic, p| {
+                consumer
+                    .fetch_watermarks(topic, p, timeout)
+                    .ok()
+                    .map(|(_, high)| high)
+            });
+            self.reader = Some((consumer, timeout));
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Whether a checkpoint is due: the last is [`store::CHECKPOINT_EVERY`] old.
+    fn checkpoint_due(&self, now: Instant) -> bool {
+        self.is_stateful() && now.duration_since(self.checkpointed) >= store::CHECKPOINT_EVERY
+    }
+
+    /// Writes checkpoints (right after a commit was applied, with no transaction open): the
+    /// end offset each held partition's changelog had then, from `high_watermark`.
+    fn checkpoint(
+        &mut self,
+        now: Instant,
+        mut high_watermark: impl FnMut(&str, i32) -> Option<i64>,
+    ) -> Result<(), StoreError> {
+        self.checkpointed = now;
+        let at_ms = now_ms();
+        let checkpoints: Vec<_> = self
+            .backend
+            .held()
+            .into_iter()
+            .filter_map(|at| {
+                let topic = self.changelogs.get(at.0)?;
+                let offset = high_watermark(topic, at.1)?;
+                Some((at, Checkpoint { offset, at_ms }))
+            })
+            .collect();
+        if checkpoints.is_empty() {
+            return Ok(());
+        }
+        self.backend.apply(HashMap::new(), &checkpoints)
     }
 
     /// The transaction aborted: its changes are forgotten (its records come again).
@@ -164,63 +270,83 @@ impl Stores {
         self.record.clear();
     }
 
-    /// The partition's state is no longer this instance's: forgotten.
-    pub fn drop_partition(&mut self, partition: i32) {
-        self.tables.retain(|&(_, p), _| p != partition);
+    /// The partition's state is no longer this instance's: forgotten, on disk too (another
+    /// member changes it meanwhile; its changelog is the truth when it comes back).
+    pub fn drop_partition(&mut self, partition: i32) -> Result<(), StoreError> {
         self.pending.retain(|&(_, p), _| p != partition);
+        for store in 0..self.changelogs.len() {
+            self.backend.clear((store, partition))?;
+        }
+        Ok(())
     }
 
-    /// Replaces the committed state of `store` on `partition` (a restore).
-    pub fn set_table(&mut self, store: usize, partition: i32, table: Table) {
-        self.tables.insert((store, partition), table);
+    /// The store's backend, for a restore.
+    pub fn backend(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
     }
 
     /// Every committed key and value of `store`, over all partitions, in key order.
     pub fn entries(&self, store: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut all: Vec<(Vec<u8>, Vec<u8>)> = self
-            .tables
-            .iter()
-            .filter(|((s, _), _)| *s == store)
-            .flat_map(|(_, t)| t.map.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .backend
+            .held()
+            .into_iter()
+            .filter(|&(s, _)| s == store)
+            .flat_map(|at| self.backend.entries(at))
             .collect();
         all.sort();
         all
     }
 
     /// The keys and the key and value bytes of every store, by store index (assigned
-    /// partitions only).
+    /// partitions only; on disk, estimates).
     pub fn sizes(&self) -> Vec<(u64, u64)> {
         let mut sizes = vec![(0u64, 0u64); self.changelogs.len()];
-        for (&(store, _), table) in &self.tables {
-            if let Some((keys, bytes)) = sizes.get_mut(store) {
-                *keys += table.len() as u64;
-                *bytes += table.bytes();
+        for ((store, _), keys, bytes) in self.backend.sizes() {
+            if let Some((k, b)) = sizes.get_mut(store) {
+                *k += keys;
+                *b += bytes;
             }
         }
         sizes
     }
 }
 
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// How old a checkpoint written at `at_ms` is now.
+pub fn age(at_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms() - at_ms).unwrap_or(0))
+}
+
 impl KeyedState for Stores {
-    fn get(&self, store: usize, partition: i32, key: &[u8]) -> Option<&[u8]> {
+    fn get(
+        &self,
+        store: usize,
+        partition: i32,
+        key: &[u8],
+    ) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
         if let Some(c) = self
             .record
             .iter()
             .rev()
             .find(|c| c.store == store && c.partition == partition && c.key == key)
         {
-            return c.value.as_deref();
+            return Ok(c.value.as_deref().map(Cow::Borrowed));
         }
         if let Some(v) = self
             .pending
             .get(&(store, partition))
             .and_then(|p| p.get(key))
         {
-            return v.as_deref();
+            return Ok(v.as_deref().map(Cow::Borrowed));
         }
-        self.tables
-            .get(&(store, partition))
-            .and_then(|t| t.get(key))
+        self.backend.get((store, partition), key)
     }
 
     fn put(&mut self, store: usize, partition: i32, key: &[u8], value: Option<Vec<u8>>) {
@@ -238,11 +364,12 @@ mod tests {
     use super::*;
 
     fn stores() -> Stores {
-        Stores::new(vec!["t.counts.changelog".into()])
+        Stores::new(vec!["t.counts.changelog".into()], Box::<Memory>::default())
     }
 
     fn get(s: &Stores, key: &str) -> Option<String> {
         s.get(0, 3, key.as_bytes())
+            .unwrap()
             .map(|v| String::from_utf8(v.to_vec()).unwrap())
     }
 
@@ -255,8 +382,8 @@ mod tests {
         let sent = s.take_record();
         assert_eq!(sent.len(), 1);
         assert_eq!(get(&s, "k").as_deref(), Some("1"));
-        assert!(s.tables.is_empty());
-        s.commit();
+        assert!(s.backend.held().is_empty());
+        s.commit().unwrap();
         assert_eq!(get(&s, "k").as_deref(), Some("1"));
         assert_eq!(s.sizes(), [(1, 2)]);
     }
@@ -266,7 +393,7 @@ mod tests {
         let mut s = stores();
         s.put(0, 3, b"k", Some(b"1".to_vec()));
         let _ = s.take_record();
-        s.commit();
+        s.commit().unwrap();
         s.put(0, 3, b"k", Some(b"2".to_vec()));
         let _ = s.take_record();
         s.put(0, 3, b"k", Some(b"3".to_vec()));
@@ -285,7 +412,7 @@ mod tests {
         s.put(0, 3, b"k", Some(b"5".to_vec()));
         s.put(0, 3, b"k", None);
         let _ = s.take_record();
-        s.commit();
+        s.commit().unwrap();
         assert_eq!(get(&s, "k"), None);
         assert_eq!(s.sizes(), [(0, 0)]);
     }
@@ -296,10 +423,10 @@ mod tests {
         s.put(0, 3, b"k", Some(b"1".to_vec()));
         s.put(0, 4, b"k", Some(b"9".to_vec()));
         let _ = s.take_record();
-        s.commit();
+        s.commit().unwrap();
         assert_eq!(get(&s, "k").as_deref(), Some("1"));
-        s.drop_partition(3);
+        s.drop_partition(3).unwrap();
         assert_eq!(get(&s, "k"), None);
-        assert_eq!(s.get(0, 4, b"k"), Some(&b"9"[..]));
+        assert_eq!(s.get(0, 4, b"k").unwrap().as_deref(), Some(&b"9"[..]));
     }
 }

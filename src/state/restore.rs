@@ -1,7 +1,8 @@
-//! Restoring a partition's state from its changelog: read_committed, from the beginning to
-//! the end offset the broker reports for read_committed readers (the last stable offset),
-//! told by librdkafka's partition-EOF event. Never "until a last record": transaction
-//! markers and compaction leave offset gaps, and the end is where the fetch position stands.
+//! Bringing a partition's state up to its changelog's end when the partition is assigned:
+//! from the store's checkpoint when it has a valid one (the tail), else from the beginning
+//! into an emptied store. Read with read_committed to the end offset the broker gives
+//! read_committed readers (the last stable offset), told by librdkafka's partition-EOF event:
+//! never "until a last record", since transaction markers and compaction leave offset gaps.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,14 +12,21 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
-use super::{Stores, Table};
+use super::store::{Backend, CHECKPOINT_MAX_AGE, Checkpoint, StoreError};
+use super::{Changes, Stores, age, now_ms};
 use crate::telemetry;
+
+/// Changes read are applied to the store in batches of this many records (state larger than
+/// memory restores into a disk store without holding it all).
+const APPLY_EVERY: usize = 10_000;
 
 /// Why a restore failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     #[error("state restore: kafka client: {0}")]
     Client(#[from] KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error(
         "state restore: changelog {topic} partition {partition} not read to its end: nothing came for {}s ({read} records read)",
         .after.as_secs()
@@ -31,9 +39,18 @@ pub enum RestoreError {
     },
 }
 
+/// What a restore read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub records: u64,
+    /// Partitions read from their checkpoint (the tail) rather than from the beginning.
+    pub from_checkpoint: u64,
+    pub took: Duration,
+}
+
 /// The restore consumer's context: the end of a partition is what it waits for, not an
 /// error to log.
-struct RestoreContext;
+pub struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -49,15 +66,8 @@ impl ClientContext for RestoreContext {
 
 impl ConsumerContext for RestoreContext {}
 
-type RestoreConsumer = BaseConsumer<RestoreContext>;
-
-/// What a restore read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Restored {
-    pub records: u64,
-    pub keys: u64,
-    pub took: Duration,
-}
+/// The consumer that restores state and reads the changelogs' watermarks.
+pub type RestoreConsumer = BaseConsumer<RestoreContext>;
 
 /// The configuration of the restore consumer, from the job consumer's: no group membership,
 /// no offset commit, read_committed, partition-EOF events on.
@@ -76,11 +86,22 @@ pub fn restore_config(consumer: &ClientConfig) -> ClientConfig {
     config
 }
 
-/// Restores the state of every store on `partitions` from their changelogs, replacing what
-/// `stores` held of them. Each store's changelog is read in turn (an EOF event names the
-/// partition, not the topic); a restore fails when nothing comes for `timeout`.
+/// Creates the restore consumer.
+pub fn consumer(config: &ClientConfig) -> Result<RestoreConsumer, KafkaError> {
+    config.create_with_context(RestoreContext)
+}
+
+/// Where one partition's restore starts and how far its log goes.
+struct Span {
+    partition: i32,
+    start: i64,
+    high: i64,
+}
+
+/// Brings the state of every store on `partitions` up to their changelogs' ends; a restore
+/// fails when nothing comes for `timeout`.
 pub fn restore(
-    config: &ClientConfig,
+    consumer: &RestoreConsumer,
     stores: &mut Stores,
     partitions: &[i32],
     timeout: Duration,
@@ -90,45 +111,77 @@ pub fn restore(
     if partitions.is_empty() {
         return Ok(total);
     }
-    let consumer: RestoreConsumer = config.create_with_context(RestoreContext)?;
     for store in 0..stores.changelogs().len() {
         let topic = stores.changelogs()[store].clone();
-        let (tables, read) = read_to_end(&consumer, &topic, partitions, timeout)?;
-        total.records += read;
-        for (partition, table) in tables {
-            total.keys += table.len() as u64;
-            stores.set_table(store, partition, table);
+        let mut spans = Vec::new();
+        for &partition in partitions {
+            let (low, high) = consumer.fetch_watermarks(&topic, partition, timeout)?;
+            let (start, tail) = start_of(stores.backend(), (store, partition), low, high)?;
+            total.from_checkpoint += u64::from(tail);
+            spans.push(Span {
+                partition,
+                start,
+                high,
+            });
         }
+        total.records += read_to_end(consumer, &topic, store, &spans, stores.backend(), timeout)?;
     }
     total.took = started.elapsed();
-    telemetry::state_restored(partitions, total.records, total.keys, total.took);
+    telemetry::state_restored(partitions, total.records, total.from_checkpoint, total.took);
     Ok(total)
 }
 
-/// Every record of `topic`'s `partitions`, folded into a table per partition (the last value
-/// of a key counts, a tombstone deletes it); with the number of records read.
+/// Where a store's partition restores from, given its changelog's low and high watermarks:
+/// its checkpoint when valid (`true`), else the beginning, the store emptied first. A
+/// checkpoint is invalid below the log's start (the records it needs are gone), beyond its
+/// end (the changelog was recreated), or older than [`CHECKPOINT_MAX_AGE`].
+fn start_of(
+    backend: &mut dyn Backend,
+    at: (usize, i32),
+    low: i64,
+    high: i64,
+) -> Result<(i64, bool), StoreError> {
+    backend.open(at)?;
+    match backend.checkpoint(at)? {
+        Some(cp) if valid(cp, low, high, age(cp.at_ms)) => Ok((cp.offset, true)),
+        _ => {
+            backend.clear(at)?;
+            backend.open(at)?;
+            Ok((low, false))
+        }
+    }
+}
+
+/// Whether a checkpoint of `age` can restore a partition whose log spans `low..high`.
+fn valid(cp: Checkpoint, low: i64, high: i64, age: Duration) -> bool {
+    cp.offset >= low && cp.offset <= high && age < CHECKPOINT_MAX_AGE
+}
+
+/// Reads `topic`'s partitions from their starts to their ends into `backend`, in batches, and
+/// writes each partition's checkpoint when it reaches its end; returns the records read.
 fn read_to_end(
     consumer: &RestoreConsumer,
     topic: &str,
-    partitions: &[i32],
+    store: usize,
+    spans: &[Span],
+    backend: &mut dyn Backend,
     timeout: Duration,
-) -> Result<(HashMap<i32, Table>, u64), RestoreError> {
+) -> Result<u64, RestoreError> {
     let mut tpl = TopicPartitionList::new();
-    for &p in partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    for s in spans {
+        tpl.add_partition_offset(topic, s.partition, Offset::Offset(s.start))?;
     }
     consumer.assign(&tpl)?;
-    // At most this many records to read: what the log holds, markers and aborted records
-    // included (the restore lag the metric shows counts down from it).
-    let mut to_read = 0u64;
-    for &p in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
-        to_read += u64::try_from(high - low).unwrap_or(0);
-    }
-    telemetry::state_restoring(topic, partitions, 0, to_read);
-    let mut tables: HashMap<i32, Table> =
-        partitions.iter().map(|&p| (p, Table::default())).collect();
-    let mut open: Vec<i32> = partitions.to_vec();
+    let to_read: u64 = spans
+        .iter()
+        .map(|s| u64::try_from(s.high - s.start).unwrap_or(0))
+        .sum();
+    let mut open: Vec<i32> = spans.iter().map(|s| s.partition).collect();
+    telemetry::state_restoring(topic, &open, 0, to_read);
+    // The next offset each partition's state holds every change below.
+    let mut reached: HashMap<i32, i64> = spans.iter().map(|s| (s.partition, s.start)).collect();
+    let mut batch: HashMap<(usize, i32), Changes> = HashMap::new();
+    let mut batched = 0usize;
     let mut read = 0u64;
     let mut deadline = Instant::now() + timeout;
     let mut last_log = Instant::now();
@@ -143,15 +196,33 @@ fn read_to_end(
         }
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => open.retain(|&o| o != p),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                open.retain(|&o| o != p);
+                // Everything below the partition's end is read: applied with its checkpoint.
+                let offset = reached.get(&p).copied().unwrap_or(0);
+                let cp = Checkpoint {
+                    offset,
+                    at_ms: now_ms(),
+                };
+                backend.apply(std::mem::take(&mut batch), &[((store, p), cp)])?;
+                batched = 0;
+            }
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(msg)) => {
                 read += 1;
                 deadline = Instant::now() + timeout;
-                let (Some(table), Some(key)) = (tables.get_mut(&msg.partition()), msg.key()) else {
-                    continue;
-                };
-                table.put(key.to_vec(), msg.payload().map(<[u8]>::to_vec));
+                reached.insert(msg.partition(), msg.offset() + 1);
+                if let Some(key) = msg.key() {
+                    batch
+                        .entry((store, msg.partition()))
+                        .or_default()
+                        .insert(key.to_vec(), msg.payload().map(<[u8]>::to_vec));
+                    batched += 1;
+                }
+                if batched >= APPLY_EVERY {
+                    backend.apply(std::mem::take(&mut batch), &[])?;
+                    batched = 0;
+                }
             }
         }
         if last_log.elapsed() >= Duration::from_secs(5) {
@@ -161,5 +232,47 @@ fn read_to_end(
     }
     telemetry::state_restoring(topic, &open, to_read, to_read);
     consumer.unassign()?;
-    Ok((tables, read))
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_checkpoint_restores_the_tail_only_within_the_log_and_while_fresh() {
+        let cp = Checkpoint {
+            offset: 100,
+            at_ms: 0,
+        };
+        assert!(valid(cp, 0, 500, HOUR));
+        assert!(valid(cp, 100, 100, HOUR));
+        // The records it needs were deleted.
+        assert!(!valid(cp, 101, 500, HOUR));
+        // The changelog was recreated shorter.
+        assert!(!valid(cp, 0, 99, HOUR));
+        // Tombstones may have been compacted away since.
+        assert!(!valid(cp, 0, 500, 13 * HOUR));
+    }
+
+    #[test]
+    fn a_partition_without_a_valid_checkpoint_starts_from_the_beginning_emptied() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut d = super::super::store::Disk::open(dir.path()).expect("open");
+        let at = (0, 1);
+        let mut c = Changes::new();
+        c.insert(b"k".to_vec(), Some(b"1".to_vec()));
+        let cp = Checkpoint {
+            offset: 40,
+            at_ms: now_ms(),
+        };
+        d.apply(HashMap::from([(at, c)]), &[(at, cp)])
+            .expect("apply");
+        assert_eq!(start_of(&mut d, at, 0, 50).expect("start"), (40, true));
+        assert!(d.get(at, b"k").expect("get").is_some());
+        assert_eq!(start_of(&mut d, at, 41, 50).expect("start"), (41, false));
+        assert!(d.get(at, b"k").expect("get").is_none());
+    }
 }

@@ -130,14 +130,25 @@ pub fn changelog_created(topic: &str, partitions: usize) {
     info!(topic, partitions, "state changelog created");
 }
 
-/// The state of `partitions` was restored from their changelogs.
-pub fn state_restored(partitions: &[i32], records: u64, keys: u64, took: Duration) {
+/// The disk stores at `path` could not be read: moved to `aside`, started afresh (a full
+/// restore from the changelogs follows).
+pub fn store_unreadable(
+    path: &dyn std::fmt::Display,
+    error: &dyn std::fmt::Debug,
+    aside: &dyn std::fmt::Display,
+) {
+    warn!(%path, ?error, %aside, "state stores unreadable: moved aside, restoring from the changelogs");
+}
+
+/// The state of `partitions` was brought up to their changelogs' ends, `from_checkpoint` of
+/// the store partitions from their checkpoints (the tail), the others from the beginning.
+pub fn state_restored(partitions: &[i32], records: u64, from_checkpoint: u64, took: Duration) {
     counter!(m::STATE_RESTORED).increment(records);
     histogram!(m::STATE_RESTORE_DURATION).record(took.as_secs_f64());
     info!(
         ?partitions,
         records,
-        keys,
+        from_checkpoint,
         took_ms = took.as_millis() as u64,
         "state restored"
     );

@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
-pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime};
+pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, StateStore};
 pub use state::{AggregateConfig, AggregateOp};
 
 pub mod avro;

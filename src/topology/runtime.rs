@@ -94,6 +94,25 @@ pub struct Runtime {
     /// where the round trips to the coordinators are long.
     #[serde(default = "default_overlap_commits")]
     pub overlap_commits: bool,
+    /// Where stateful steps keep their committed state: `disk` (a restart restores only the
+    /// changelogs' tail since the store's checkpoint) or `memory` (every start restores the
+    /// changelogs in full). Default: `disk`.
+    #[serde(default)]
+    pub state_store: StateStore,
+    /// The folder of the disk stores; each instance keeps its own below it, in
+    /// `<state_dir>/<topology>/<instance id>`. Default: `onceflow-state`, relative to the
+    /// working directory.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: String,
+}
+
+/// Where stateful steps keep their committed state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateStore {
+    #[default]
+    Disk,
+    Memory,
 }
 
 /// The consumer group protocol of a job.
@@ -114,6 +133,9 @@ pub enum Guarantee {
     AtLeastOnce,
 }
 
+fn default_state_dir() -> String {
+    "onceflow-state".into()
+}
 fn default_max_attempts() -> u32 {
     3
 }
@@ -157,6 +179,8 @@ impl Default for Runtime {
             guarantee: Guarantee::default(),
             group_protocol: GroupProtocol::default(),
             overlap_commits: default_overlap_commits(),
+            state_store: StateStore::default(),
+            state_dir: default_state_dir(),
             on_error: OnError::default(),
             max_attempts: default_max_attempts(),
             on_exhausted: OnExhausted::default(),

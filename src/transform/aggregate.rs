@@ -52,9 +52,15 @@ impl Aggregate {
             work.body = tombstone(&work.body);
             return Ok(());
         }
-        let old: Option<Json> = match state.get(self.store, partition, &key) {
+        let stored = state.get(self.store, partition, &key).map_err(|e| {
+            fail(
+                ErrorKind::Unavailable,
+                format!("the state of this key cannot be read: {e}"),
+            )
+        })?;
+        let old: Option<Json> = match stored {
             None => None,
-            Some(bytes) => Some(serde_json::from_slice(bytes).map_err(|e| {
+            Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
                 fail(
                     ErrorKind::BadJson,
                     format!("the stored state of this key is not JSON: {e}"),
@@ -247,7 +253,7 @@ mod tests {
                 match p.process_with(r, state, &mut out) {
                     Ok(()) => {
                         let _ = state.take_record();
-                        state.commit();
+                        state.commit().expect("a memory store");
                         out.iter()
                             .map(|(_, r)| {
                                 String::from_utf8_lossy(r.value.as_deref().unwrap_or(b"<none>"))

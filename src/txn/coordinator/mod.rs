@@ -386,7 +386,7 @@ impl Txn {
         match self.try_commit(consumer, started) {
             Ok(steps) => {
                 self.stats.commit_steps.record(steps);
-                self.committed(started.elapsed());
+                self.committed(started.elapsed())?;
                 Ok(Committed::Done)
             }
             Err(err) => {
@@ -396,8 +396,10 @@ impl Txn {
         }
     }
 
-    /// Counts what the transaction committed and starts afresh.
-    fn committed(&mut self, took: Duration) {
+    /// Counts what the transaction committed, applies its state changes, and starts afresh.
+    /// A store that cannot take the changes stops the job: the changelog has them, and the
+    /// restore at the next start replays them from the store's checkpoint.
+    fn committed(&mut self, took: Duration) -> Result<(), TxnError> {
         self.forget_refusals_committed();
         self.stats.commit_durations.record(took);
         self.stats.committed += 1;
@@ -409,8 +411,9 @@ impl Txn {
         telemetry::records_filtered(self.filtered);
         telemetry::txn_committed(self.records, outputs, took);
         self.health.progressed();
-        self.state.commit();
+        let applied = self.state.commit();
         self.reset();
+        applied.map_err(|e| TxnError::State(e.to_string()))
     }
 
     fn reset(&mut self) {

@@ -187,7 +187,7 @@ impl Txn {
             Ok(steps) => {
                 self.producer.committed();
                 self.stats.commit_steps.record(steps);
-                self.committed(steps.ended - flight.started);
+                self.committed(steps.ended - flight.started)?;
                 if keep == Keep::Nothing {
                     self.drop_held();
                     return Ok(Committed::Done);

@@ -1,0 +1,412 @@
+//! Where the committed state lives: in memory, or on disk (fjall, an LSM tree) with the
+//! changelog offset each partition's state reflects stored beside it.
+//!
+//! A store only ever holds committed changes ([`super::Stores`] applies a transaction's
+//! changes after it commits), applied as one atomic batch per commit. Its *checkpoint* for a
+//! store's partition is a changelog offset X such that the state holds every change of the
+//! changelog below X: replaying the changelog from X to its end (whole values and
+//! tombstones, in order) gives the exact state, whatever the store holds beyond X. A
+//! checkpoint is written when a restore reaches the end, and after a commit at most every
+//! [`CHECKPOINT_EVERY`], as the changelog's high watermark read right after the commit was
+//! applied (everything below it is then applied or aborted).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{Changes, Table};
+
+/// How often a checkpoint follows a commit: a crash then replays at most this much of the
+/// changelog.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
+
+/// A checkpoint older than this restores the partition from the beginning instead: a
+/// changelog's tombstones are compacted away after `delete.retention.ms` (a day by
+/// default), and replaying a tail without a tombstone would keep a deleted key.
+pub const CHECKPOINT_MAX_AGE: Duration = Duration::from_secs(12 * 3600);
+
+/// A store's failure: the disk, or what is on it.
+#[derive(Debug, thiserror::Error)]
+#[error("state store at {path}: {message}")]
+pub struct StoreError {
+    pub path: String,
+    pub message: String,
+}
+
+/// The changelog offset a partition's state reflects, and when it was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub offset: i64,
+    /// Milliseconds since the epoch.
+    pub at_ms: i64,
+}
+
+impl Checkpoint {
+    fn encode(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.offset.to_be_bytes());
+        b[8..].copy_from_slice(&self.at_ms.to_be_bytes());
+        b
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Checkpoint> {
+        let offset = i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+        let at_ms = i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?);
+        Some(Checkpoint { offset, at_ms })
+    }
+}
+
+/// The committed state of every store, by (store, partition).
+pub trait Backend: Send {
+    /// The committed value of `key`.
+    fn get(&self, at: (usize, i32), key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError>;
+    /// Applies changes, with checkpoints, as one atomic batch.
+    fn apply(
+        &mut self,
+        changes: HashMap<(usize, i32), Changes>,
+        checkpoints: &[((usize, i32), Checkpoint)],
+    ) -> Result<(), StoreError>;
+    /// Makes a store's partition ready to read and write (on disk: opens its keyspace).
+    fn open(&mut self, at: (usize, i32)) -> Result<(), StoreError>;
+    /// The checkpoint of a store's partition, if it has one.
+    fn checkpoint(&self, at: (usize, i32)) -> Result<Option<Checkpoint>, StoreError>;
+    /// Forgets a store's partition (its state and checkpoint).
+    fn clear(&mut self, at: (usize, i32)) -> Result<(), StoreError>;
+    /// Keys and key and value bytes of each (store, partition) held (on disk: estimates).
+    fn sizes(&self) -> Vec<((usize, i32), u64, u64)>;
+    /// Every key and value of a store's partition, in key order (for tests and `onceflow
+    /// test`).
+    fn entries(&self, at: (usize, i32)) -> Vec<(Vec<u8>, Vec<u8>)>;
+    /// The (store, partition) pairs it holds state of.
+    fn held(&self) -> Vec<(usize, i32)>;
+}
+
+/// State in memory: lost with the process, restored in full from the changelog.
+#[derive(Debug, Default)]
+pub struct Memory {
+    tables: HashMap<(usize, i32), Table>,
+}
+
+impl Backend for Memory {
+    fn get(&self, at: (usize, i32), key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        Ok(self
+            .tables
+            .get(&at)
+            .and_then(|t| t.get(key))
+            .map(Cow::Borrowed))
+    }
+
+    fn apply(
+        &mut self,
+        changes: HashMap<(usize, i32), Changes>,
+        _: &[((usize, i32), Checkpoint)],
+    ) -> Result<(), StoreError> {
+        for (at, changes) in changes {
+            let table = self.tables.entry(at).or_default();
+            for (key, value) in changes {
+                table.put(key, value);
+            }
+        }
+        Ok(())
+    }
+
+    fn open(&mut self, _: (usize, i32)) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Nothing survives the process: no checkpoint, a restore reads everything.
+    fn checkpoint(&self, _: (usize, i32)) -> Result<Option<Checkpoint>, StoreError> {
+        Ok(None)
+    }
+
+    fn clear(&mut self, at: (usize, i32)) -> Result<(), StoreError> {
+        self.tables.remove(&at);
+        Ok(())
+    }
+
+    fn sizes(&self) -> Vec<((usize, i32), u64, u64)> {
+        self.tables
+            .iter()
+            .map(|(&at, t)| (at, t.len() as u64, t.bytes()))
+            .collect()
+    }
+
+    fn entries(&self, at: (usize, i32)) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut all: Vec<_> = self
+            .tables
+            .get(&at)
+            .map(|t| t.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect())
+            .unwrap_or_default();
+        all.sort();
+        all
+    }
+
+    fn held(&self) -> Vec<(usize, i32)> {
+        self.tables.keys().copied().collect()
+    }
+}
+
+/// State on disk: one fjall database per job instance, a keyspace per store partition, and
+/// the checkpoints in a keyspace of their own, written in the same batches.
+pub struct Disk {
+    path: PathBuf,
+    db: fjall::Database,
+    checkpoints: fjall::Keyspace,
+    keyspaces: HashMap<(usize, i32), fjall::Keyspace>,
+}
+
+impl std::fmt::Debug for Disk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Disk").field("path", &self.path).finish()
+    }
+}
+
+/// How much memory the disk stores' block cache may take, for the whole process.
+pub const DISK_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+impl Disk {
+    /// Opens (or creates) the stores at `path`. A second process on the same path is refused
+    /// by fjall's lock; stores that cannot be read (corrupt, or of another format) are moved
+    /// aside to `<path>.unreadable-<ms>` and started afresh: the changelogs rebuild them, so
+    /// a damaged disk costs a full restore, not a crash loop.
+    pub fn open(path: &Path) -> Result<Disk, StoreError> {
+        let fail = |e: &dyn std::fmt::Display| StoreError {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        std::fs::create_dir_all(path).map_err(|e| fail(&e))?;
+        let open = || {
+            fjall::Database::builder(path)
+                .cache_size(DISK_CACHE_BYTES)
+                .open()
+        };
+        let db = match open() {
+            Ok(db) => db,
+            Err(fjall::Error::Locked) => {
+                return Err(fail(
+                    &"held by another process: does another running instance use this instance id?",
+                ));
+            }
+            Err(fjall::Error::Io(e)) => return Err(fail(&e)),
+            Err(unreadable) => {
+                let aside =
+                    PathBuf::from(format!("{}.unreadable-{}", path.display(), super::now_ms()));
+                crate::telemetry::store_unreadable(&path.display(), &unreadable, &aside.display());
+                std::fs::rename(path, &aside).map_err(|e| fail(&e))?;
+                std::fs::create_dir_all(path).map_err(|e| fail(&e))?;
+                open().map_err(|e| fail(&e))?
+            }
+        };
+        let checkpoints = db
+            .keyspace("checkpoints", fjall::KeyspaceCreateOptions::default)
+            .map_err(|e| fail(&e))?;
+        Ok(Disk {
+            path: path.to_path_buf(),
+            db,
+            checkpoints,
+            keyspaces: HashMap::new(),
+        })
+    }
+
+    fn fail(&self, e: &dyn std::fmt::Display) -> StoreError {
+        StoreError {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    fn name((store, partition): (usize, i32)) -> String {
+        format!("s{store}-p{partition}")
+    }
+
+    fn keyspace(&mut self, at: (usize, i32)) -> Result<fjall::Keyspace, StoreError> {
+        if let Some(k) = self.keyspaces.get(&at) {
+            return Ok(k.clone());
+        }
+        let k = self
+            .db
+            .keyspace(&Disk::name(at), fjall::KeyspaceCreateOptions::default)
+            .map_err(|e| self.fail(&e))?;
+        self.keyspaces.insert(at, k.clone());
+        Ok(k)
+    }
+}
+
+impl Backend for Disk {
+    fn get(&self, at: (usize, i32), key: &[u8]) -> Result<Option<Cow<'_, [u8]>>, StoreError> {
+        let Some(k) = self.keyspaces.get(&at) else {
+            return Ok(None);
+        };
+        k.get(key)
+            .map(|v| v.map(|v| Cow::Owned(v.to_vec())))
+            .map_err(|e| self.fail(&e))
+    }
+
+    fn apply(
+        &mut self,
+        changes: HashMap<(usize, i32), Changes>,
+        checkpoints: &[((usize, i32), Checkpoint)],
+    ) -> Result<(), StoreError> {
+        let mut batch = self.db.batch().durability(Some(fjall::PersistMode::Buffer));
+        for (at, changes) in changes {
+            let k = self.keyspace(at)?;
+            for (key, value) in changes {
+                match value {
+                    Some(v) => batch.insert(&k, key, v),
+                    None => batch.remove(&k, key),
+                }
+            }
+        }
+        for (at, cp) in checkpoints {
+            batch.insert(&self.checkpoints, Disk::name(*at), cp.encode().to_vec());
+        }
+        batch.commit().map_err(|e| self.fail(&e))
+    }
+
+    fn open(&mut self, at: (usize, i32)) -> Result<(), StoreError> {
+        self.keyspace(at).map(|_| ())
+    }
+
+    fn checkpoint(&self, at: (usize, i32)) -> Result<Option<Checkpoint>, StoreError> {
+        Ok(self
+            .checkpoints
+            .get(Disk::name(at))
+            .map_err(|e| self.fail(&e))?
+            .and_then(|v| Checkpoint::decode(&v)))
+    }
+
+    fn clear(&mut self, at: (usize, i32)) -> Result<(), StoreError> {
+        self.checkpoints
+            .remove(Disk::name(at))
+            .map_err(|e| self.fail(&e))?;
+        let k = self.keyspace(at)?;
+        k.clear().map_err(|e| self.fail(&e))
+    }
+
+    fn sizes(&self) -> Vec<((usize, i32), u64, u64)> {
+        self.keyspaces
+            .iter()
+            .map(|(&at, k)| (at, k.approximate_len() as u64, k.disk_space()))
+            .collect()
+    }
+
+    fn entries(&self, at: (usize, i32)) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let Some(k) = self.keyspaces.get(&at) else {
+            return Vec::new();
+        };
+        k.iter()
+            .filter_map(|g| g.into_inner().ok())
+            .map(|(key, value)| (key.to_vec(), value.to_vec()))
+            .collect()
+    }
+
+    fn held(&self) -> Vec<(usize, i32)> {
+        self.keyspaces.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(pairs: &[(&str, Option<&str>)]) -> HashMap<(usize, i32), Changes> {
+        let mut c = Changes::new();
+        for (k, v) in pairs {
+            c.insert(k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec()));
+        }
+        HashMap::from([((0, 3), c)])
+    }
+
+    fn text(v: Option<Cow<'_, [u8]>>) -> Option<String> {
+        v.map(|v| String::from_utf8_lossy(&v).into_owned())
+    }
+
+    #[test]
+    fn the_disk_store_keeps_its_state_and_checkpoint_across_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cp = Checkpoint {
+            offset: 42,
+            at_ms: 1_700_000_000_000,
+        };
+        {
+            let mut d = Disk::open(dir.path()).expect("open");
+            d.apply(changes(&[("a", Some("1")), ("b", Some("2"))]), &[])
+                .expect("apply");
+            d.apply(changes(&[("b", None), ("c", Some("3"))]), &[((0, 3), cp)])
+                .expect("apply");
+            assert_eq!(
+                text(d.get((0, 3), b"a").expect("get")).as_deref(),
+                Some("1")
+            );
+        }
+        let mut d = Disk::open(dir.path()).expect("reopen");
+        assert_eq!(d.checkpoint((0, 3)).expect("checkpoint"), Some(cp));
+        // A reopened database knows its keyspaces once they are opened.
+        d.open((0, 3)).expect("open the partition");
+        let keys: Vec<Vec<u8>> = d.entries((0, 3)).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, [b"a".to_vec(), b"c".to_vec()]);
+        d.clear((0, 3)).expect("clear");
+        assert_eq!(d.checkpoint((0, 3)).expect("checkpoint"), None);
+        assert_eq!(d.get((0, 3), b"a").expect("get"), None);
+    }
+
+    #[test]
+    fn a_second_process_cannot_open_the_same_stores() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _first = Disk::open(dir.path()).expect("open");
+        assert!(Disk::open(dir.path()).is_err());
+    }
+
+    #[test]
+    fn unreadable_stores_are_moved_aside_and_started_afresh() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("stores");
+        {
+            let mut d = Disk::open(&path).expect("open");
+            d.apply(changes(&[("a", Some("1"))]), &[]).expect("apply");
+        }
+        // Every file of the database garbled, as a failing disk would leave it.
+        let mut files = vec![path.clone()];
+        while let Some(p) = files.pop() {
+            for entry in std::fs::read_dir(&p).expect("read_dir") {
+                let entry = entry.expect("entry").path();
+                if entry.is_dir() {
+                    files.push(entry);
+                } else if entry.file_name().is_some_and(|n| n != "lock") {
+                    std::fs::write(&entry, b"\xff\xfe not a database file").expect("garble");
+                }
+            }
+        }
+        let mut d = Disk::open(&path).expect("a fresh store");
+        d.open((0, 3)).expect("open the partition");
+        assert_eq!(d.get((0, 3), b"a").expect("get"), None);
+        let aside = std::fs::read_dir(dir.path())
+            .expect("read_dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().contains(".unreadable-"))
+            .count();
+        assert_eq!(aside, 1, "the unreadable stores are kept aside for a look");
+    }
+
+    #[test]
+    fn the_memory_store_has_no_checkpoint() {
+        let mut m = Memory::default();
+        m.apply(
+            changes(&[("a", Some("1"))]),
+            &[(
+                (0, 3),
+                Checkpoint {
+                    offset: 1,
+                    at_ms: 0,
+                },
+            )],
+        )
+        .expect("apply");
+        assert_eq!(m.checkpoint((0, 3)).expect("checkpoint"), None);
+        assert_eq!(
+            text(m.get((0, 3), b"a").expect("get")).as_deref(),
+            Some("1")
+        );
+    }
+}
