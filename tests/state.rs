@@ -256,10 +256,10 @@ fn restored_records(addr: &str) -> f64 {
     }
 }
 
-/// A restart after a SIGKILL reads only the changelog's tail when the disk store has a
-/// checkpoint, and the whole changelog with the memory store; the counts are exact either
-/// way.
-fn restart_restores(store: &str) -> (f64, usize) {
+/// A restart after a SIGKILL (or a clean stop: `clean`) reads only the changelog's tail when
+/// the disk store has a checkpoint, and the whole changelog with the memory store; the
+/// counts are exact either way.
+fn restart_restores(store: &str, clean: bool) -> (f64, usize) {
     let s = setup_with(
         &format!("state-tail-{store}"),
         &format!("  state_store: {store}\n"),
@@ -275,8 +275,12 @@ fn restart_restores(store: &str) -> (f64, usize) {
         .expect("feeder");
     wait_for_distinct(&s.output, PARTITIONS, 30_100, Duration::from_secs(60));
     std::thread::sleep(Duration::from_secs(1));
-    job.kill().expect("SIGKILL");
-    job.wait().expect("reap");
+    if clean {
+        terminate(job);
+    } else {
+        job.kill().expect("SIGKILL");
+        job.wait().expect("reap");
+    }
     let changelog = read_records(&s.changelog, PARTITIONS, "read_committed").len();
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -301,7 +305,7 @@ fn restart_restores(store: &str) -> (f64, usize) {
 
 #[test]
 fn a_restart_restores_only_the_tail_from_the_disk_store() {
-    let (restored, changelog) = restart_restores("disk");
+    let (restored, changelog) = restart_restores("disk", false);
     eprintln!("disk store: {restored} of {changelog} changelog records read by the restore");
     assert!(changelog >= 30_100, "{changelog}");
     assert!(
@@ -312,7 +316,16 @@ fn a_restart_restores_only_the_tail_from_the_disk_store() {
 
 #[test]
 fn a_restart_restores_the_whole_changelog_into_the_memory_store() {
-    let (restored, changelog) = restart_restores("memory");
+    let (restored, changelog) = restart_restores("memory", false);
     eprintln!("memory store: {restored} of {changelog} changelog records read by the restore");
     assert!(restored >= 30_100.0, "{restored} of {changelog}");
+}
+
+/// A clean stop (SIGTERM) writes a checkpoint as its partitions are revoked: the restart
+/// reads next to nothing.
+#[test]
+fn a_restart_after_a_clean_stop_reads_next_to_nothing() {
+    let (restored, changelog) = restart_restores("disk", true);
+    eprintln!("clean stop, disk store: {restored} of {changelog} changelog records read");
+    assert!(restored < 200.0, "{restored} of {changelog}");
 }

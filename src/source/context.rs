@@ -84,9 +84,10 @@ impl ConsumerContext for SourceContext {
                 if let Err(e) = result {
                     *lock(&self.failure) = Some(e);
                 }
-                // The partitions' state is another member's now.
+                // The partitions' state is another member's now; on disk it stays, with a
+                // checkpoint, for when they come back.
                 for e in tpl.elements() {
-                    if let Err(e) = txn.state().drop_partition(e.partition()) {
+                    if let Err(e) = txn.state().release_partition(e.partition(), lost) {
                         *lock(&self.failure) = Some(TxnError::State(e.to_string()));
                     }
                 }

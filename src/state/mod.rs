@@ -219,17 +219,9 @@ impl Stores {
         self.backend.apply(pending, &[])?;
         crate::telemetry::state_committed(&self.changelogs, &counts, &self.sizes());
         let now = Instant::now();
-        if self.checkpoint_due(now)
-            && let Some((consumer, timeout)) = self.reader.take()
-        {
-            let result = self.checkpoint(now, |topic, p| {
-                consumer
-                    .fetch_watermarks(topic, p, timeout)
-                    .ok()
-                    .map(|(_, high)| high)
-            });
-            self.reader = Some((consumer, timeout));
-            result?;
+        if self.checkpoint_due(now) {
+            self.checkpointed = now;
+            self.write_checkpoints(|_| true)?;
         }
         Ok(())
     }
@@ -239,25 +231,35 @@ impl Stores {
         self.is_stateful() && now.duration_since(self.checkpointed) >= store::CHECKPOINT_EVERY
     }
 
-    /// Writes checkpoints (right after a commit was applied, with no transaction open): the
-    /// end offset each held partition's changelog had then, from `high_watermark`.
-    fn checkpoint(
-        &mut self,
-        now: Instant,
-        mut high_watermark: impl FnMut(&str, i32) -> Option<i64>,
-    ) -> Result<(), StoreError> {
-        self.checkpointed = now;
+    /// Writes a checkpoint for each held partition `which` selects: the high watermark its
+    /// changelog has now. Called with no transaction open, right after a commit was applied
+    /// or a revoked partition's transaction ended, and only for partitions still this
+    /// instance's: every change below that watermark is then applied here or aborted. (A
+    /// member taking a partition over first restores it, then processes and commits: that
+    /// takes seconds, the watermark is read a millisecond after the commit.)
+    fn write_checkpoints(&mut self, which: impl Fn(i32) -> bool) -> Result<(), StoreError> {
+        let Some((consumer, timeout)) = self.reader.take() else {
+            return Ok(());
+        };
         let at_ms = now_ms();
         let checkpoints: Vec<_> = self
             .backend
             .held()
             .into_iter()
+            .filter(|&(_, p)| which(p))
             .filter_map(|at| {
                 let topic = self.changelogs.get(at.0)?;
-                let offset = high_watermark(topic, at.1)?;
-                Some((at, Checkpoint { offset, at_ms }))
+                let (_, high) = consumer.fetch_watermarks(topic, at.1, timeout).ok()?;
+                Some((
+                    at,
+                    Checkpoint {
+                        offset: high,
+                        at_ms,
+                    },
+                ))
             })
             .collect();
+        self.reader = Some((consumer, timeout));
         if checkpoints.is_empty() {
             return Ok(());
         }
@@ -270,12 +272,20 @@ impl Stores {
         self.record.clear();
     }
 
-    /// The partition's state is no longer this instance's: forgotten, on disk too (another
-    /// member changes it meanwhile; its changelog is the truth when it comes back).
-    pub fn drop_partition(&mut self, partition: i32) -> Result<(), StoreError> {
+    /// The partition was revoked (its transaction committed or aborted first) and is let
+    /// go, with a checkpoint when it was handed over cleanly. On disk its state stays: when
+    /// the partition comes back, from this instance's restart or a later rebalance, the
+    /// restore replays only the changelog since the checkpoint, whatever other members wrote
+    /// meanwhile. A `lost` partition may be another member's already: no checkpoint (the
+    /// last one stays valid).
+    pub fn release_partition(&mut self, partition: i32, lost: bool) -> Result<(), StoreError> {
         self.pending.retain(|&(_, p), _| p != partition);
+        self.record.retain(|c| c.partition != partition);
+        if !lost {
+            self.write_checkpoints(|p| p == partition)?;
+        }
         for store in 0..self.changelogs.len() {
-            self.backend.clear((store, partition))?;
+            self.backend.release((store, partition));
         }
         Ok(())
     }
@@ -425,7 +435,7 @@ mod tests {
         let _ = s.take_record();
         s.commit().unwrap();
         assert_eq!(get(&s, "k").as_deref(), Some("1"));
-        s.drop_partition(3).unwrap();
+        s.release_partition(3, false).unwrap();
         assert_eq!(get(&s, "k"), None);
         assert_eq!(s.get(0, 4, b"k").unwrap().as_deref(), Some(&b"9"[..]));
     }

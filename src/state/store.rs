@@ -73,6 +73,9 @@ pub trait Backend: Send {
     fn checkpoint(&self, at: (usize, i32)) -> Result<Option<Checkpoint>, StoreError>;
     /// Forgets a store's partition (its state and checkpoint).
     fn clear(&mut self, at: (usize, i32)) -> Result<(), StoreError>;
+    /// Lets a store's partition go (it was revoked): on disk its state and checkpoint stay,
+    /// for a later assignment to restore the tail onto; in memory it is dropped.
+    fn release(&mut self, at: (usize, i32));
     /// Keys and key and value bytes of each (store, partition) held (on disk: estimates).
     fn sizes(&self) -> Vec<((usize, i32), u64, u64)>;
     /// Every key and value of a store's partition, in key order (for tests and `onceflow
@@ -123,6 +126,10 @@ impl Backend for Memory {
     fn clear(&mut self, at: (usize, i32)) -> Result<(), StoreError> {
         self.tables.remove(&at);
         Ok(())
+    }
+
+    fn release(&mut self, at: (usize, i32)) {
+        self.tables.remove(&at);
     }
 
     fn sizes(&self) -> Vec<((usize, i32), u64, u64)> {
@@ -282,6 +289,10 @@ impl Backend for Disk {
             .map_err(|e| self.fail(&e))?;
         let k = self.keyspace(at)?;
         k.clear().map_err(|e| self.fail(&e))
+    }
+
+    fn release(&mut self, at: (usize, i32)) {
+        self.keyspaces.remove(&at);
     }
 
     fn sizes(&self) -> Vec<((usize, i32), u64, u64)> {
