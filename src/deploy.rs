@@ -36,6 +36,13 @@ pub const METRICS_PORT: u16 = 9090;
 /// Where the ConfigMap is mounted.
 const CONFIG_DIR: &str = "/etc/onceflow/job";
 
+/// The working directory of the pods of a topology with disk state: a relative
+/// `runtime.state_dir` is below it, on the pod's own volume.
+const STATE_HOME: &str = "/var/lib/onceflow";
+
+/// The size each pod's state volume asks for.
+const STATE_VOLUME_SIZE: &str = "10Gi";
+
 /// Resource requests, from the benchmark (docs/benchmarks.md, 1 KiB records): exactly-once
 /// peaked at 244-408 MiB of RSS from 1 to 64 partitions on a fast broker and at 252-436 MiB
 /// on a slow one (the producer's queue holds what the broker has not taken yet; freed memory
@@ -168,7 +175,7 @@ pub fn render(
         "metadata": metadata(&format!("{name}-topology")),
         "data": data,
     });
-    let stateful_set = json!({
+    let mut stateful_set = json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": metadata(&name),
@@ -191,6 +198,17 @@ pub fn render(
             },
         },
     });
+    if state_mount(topology).is_some() {
+        // Each pod keeps its stores on a volume of its own, across restarts: a restarted
+        // pod restores only the changelogs' tail.
+        stateful_set["spec"]["volumeClaimTemplates"] = json!([{
+            "metadata": { "name": "state" },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": { "requests": { "storage": STATE_VOLUME_SIZE } },
+            },
+        }]);
+    }
     let headless = json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -255,8 +273,22 @@ fn pod_env(topology: &Topology, text: &str, name: &str, options: &RenderOptions)
     env
 }
 
+/// Where a topology's disk stores go in its pods (the state volume's mount), when it keeps
+/// state on disk: `runtime.state_dir`, below [`STATE_HOME`] when relative.
+fn state_mount(topology: &Topology) -> Option<String> {
+    let runtime = &topology.runtime;
+    if topology.aggregates().next().is_none()
+        || runtime.state_store != crate::topology::StateStore::Disk
+    {
+        return None;
+    }
+    let dir = std::path::Path::new(STATE_HOME).join(&runtime.state_dir);
+    Some(dir.display().to_string())
+}
+
 /// The pod of the StatefulSet: one onceflow container running `file_name` from the
-/// ConfigMap `<name>-topology` (mounted with `items`), with `env`.
+/// ConfigMap `<name>-topology` (mounted with `items`), with `env`, and with disk state its
+/// volume.
 fn pod_spec(
     topology: &Topology,
     name: &str,
@@ -266,7 +298,7 @@ fn pod_spec(
     options: &RenderOptions,
 ) -> Json {
     let grace = crate::supervise::stop_grace(topology).as_secs() + 15;
-    json!({
+    let mut pod = json!({
         "terminationGracePeriodSeconds": grace,
         "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001 },
         "containers": [{
@@ -300,7 +332,15 @@ fn pod_spec(
             "name": "job",
             "configMap": { "name": format!("{name}-topology"), "items": items },
         }],
-    })
+    });
+    if let Some(mount) = state_mount(topology) {
+        let container = &mut pod["containers"][0];
+        container["workingDir"] = json!(STATE_HOME);
+        if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+            mounts.push(json!({ "name": "state", "mountPath": mount }));
+        }
+    }
+    pod
 }
 
 /// The documents as one YAML stream, with a header saying how they were made.
@@ -321,6 +361,45 @@ mod tests {
 
     fn topology(yaml: &str) -> Topology {
         Topology::parse_unchecked(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_topology_with_disk_state_gets_a_volume_per_pod_at_its_state_dir() {
+        let stateful = "name: totals\ninputs: [{topic: in, codec: json}]\npipeline: [{aggregate: {name: n, op: count}}]\noutputs: [{topic: out}]\n";
+        let docs = render_of(stateful);
+        let set = &docs[1];
+        assert_eq!(
+            set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+            "state"
+        );
+        let container = &set["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["workingDir"], STATE_HOME);
+        assert_eq!(
+            container["volumeMounts"][1],
+            json!({ "name": "state", "mountPath": "/var/lib/onceflow/onceflow-state" })
+        );
+        let absolute = render_of(&format!("{stateful}runtime: {{state_dir: /data/state}}\n"));
+        assert_eq!(
+            absolute[1]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][1]["mountPath"],
+            "/data/state"
+        );
+        for stateless in [
+            "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\n".to_string(),
+            format!("{stateful}runtime: {{state_store: memory}}\n"),
+        ] {
+            let docs = render_of(&stateless);
+            assert!(docs[1]["spec"].get("volumeClaimTemplates").is_none());
+        }
+    }
+
+    fn render_of(yaml: &str) -> Vec<Json> {
+        let options = RenderOptions {
+            replicas: 3,
+            image: "onceflow:test".into(),
+            namespace: None,
+            bootstrap_servers: "kafka:9092".into(),
+        };
+        render(&topology(yaml), "t.yaml", yaml, &[], &options).expect("render")
     }
 
     #[test]
