@@ -29,10 +29,10 @@ use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::source::{self, Paused, SourceContext, TopicError};
-use crate::state::{Stores, changelog, restore, store};
+use crate::state::{self, changelog};
 use crate::sync::lock;
 use crate::telemetry;
-use crate::topology::{ConfigIssue, StateStore, Target, Topology};
+use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::{AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings};
 use outcome::{Outcome, Policy};
@@ -82,7 +82,7 @@ pub enum EngineError {
     #[error(transparent)]
     Changelog(#[from] changelog::ChangelogError),
     #[error(transparent)]
-    Store(#[from] store::StoreError),
+    State(#[from] state::OpenError),
     /// The schema registry refused an output's schema (incompatible with its subject), or
     /// cannot be reached when the job starts.
     #[error("schema registry: {0}")]
@@ -239,7 +239,7 @@ fn connect(
         consumer_config.set("statistics.interval.ms", &ms);
     }
     let sinks = Sinks::from_topology(topology)?;
-    let stores = stores(topology, identity, &consumer_config)?;
+    let stores = crate::state::open(topology, &identity.instance_id, &consumer_config)?;
     let changelogs = stores.changelogs().to_vec();
     let txn = Txn::new(producer_config, settings, Arc::clone(&health))?
         .with_participants(sinks.into_participants())
@@ -268,39 +268,6 @@ fn connect(
         Duration::from_millis(runtime.transaction_timeout_ms),
     )?;
     Ok((consumer, txn))
-}
-
-/// The stores of the topology's stateful steps (none for a stateless one), on disk in
-/// `<state_dir>/<topology>/<instance id>` or in memory, with the consumer that restores them.
-fn stores(
-    topology: &Topology,
-    identity: &Identity,
-    consumer_config: &rdkafka::ClientConfig,
-) -> Result<Stores, EngineError> {
-    let changelogs: Vec<String> = topology
-        .aggregates()
-        .map(|(_, a)| topology.changelog_topic(&a.name))
-        .collect();
-    if changelogs.is_empty() {
-        return Ok(Stores::default());
-    }
-    let runtime = &topology.runtime;
-    let backend: Box<dyn store::Backend> = match runtime.state_store {
-        StateStore::Memory => Box::<store::Memory>::default(),
-        StateStore::Disk => Box::new(store::Disk::open(
-            &std::path::Path::new(&runtime.state_dir)
-                .join(&topology.name)
-                .join(&identity.instance_id),
-        )?),
-    };
-    let reader = restore::consumer(&restore::restore_config(consumer_config)).map_err(|error| {
-        EngineError::Client {
-            what: "cannot create the state restore consumer".into(),
-            error,
-        }
-    })?;
-    let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
-    Ok(Stores::new(changelogs, backend).with_reader(reader, timeout))
 }
 
 /// The loop's state: what it needs of the topology, and what it keeps between records.

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 
+use crate::topology::{StateStore, Topology};
 use store::{Backend, Checkpoint, Memory, StoreError};
 
 /// A store's key-value view for the pipeline, over the partition of the record at hand.
@@ -320,6 +321,44 @@ impl Stores {
         }
         sizes
     }
+}
+
+/// Why a job's stores cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot create the state restore consumer: {0}")]
+    Client(#[from] rdkafka::error::KafkaError),
+}
+
+/// The stores of `topology`'s stateful steps (none for a stateless one), on disk in
+/// `<state_dir>/<topology>/<instance>` or in memory, with the consumer that restores them
+/// (configured from the job consumer's `consumer_config`).
+pub fn open(
+    topology: &Topology,
+    instance: &str,
+    consumer_config: &rdkafka::ClientConfig,
+) -> Result<Stores, OpenError> {
+    let changelogs: Vec<String> = topology
+        .aggregates()
+        .map(|(_, a)| topology.changelog_topic(&a.name))
+        .collect();
+    if changelogs.is_empty() {
+        return Ok(Stores::default());
+    }
+    let runtime = &topology.runtime;
+    let backend: Box<dyn Backend> = match runtime.state_store {
+        StateStore::Memory => Box::<Memory>::default(),
+        StateStore::Disk => Box::new(store::Disk::open(
+            &std::path::Path::new(&runtime.state_dir)
+                .join(&topology.name)
+                .join(instance),
+        )?),
+    };
+    let reader = restore::consumer(&restore::restore_config(consumer_config))?;
+    let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
+    Ok(Stores::new(changelogs, backend).with_reader(reader, timeout))
 }
 
 /// Milliseconds since the epoch.
