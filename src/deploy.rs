@@ -277,7 +277,7 @@ fn pod_env(topology: &Topology, text: &str, name: &str, options: &RenderOptions)
 /// state on disk: `runtime.state_dir`, below [`STATE_HOME`] when relative.
 fn state_mount(topology: &Topology) -> Option<String> {
     let runtime = &topology.runtime;
-    if topology.aggregates().next().is_none()
+    if topology.stores().next().is_none()
         || runtime.state_store != crate::topology::StateStore::Disk
     {
         return None;

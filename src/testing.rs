@@ -431,7 +431,7 @@ fn compare_state(
     mismatches: &mut Vec<String>,
 ) {
     for (name, expected) in &case.state {
-        let Some(store) = topology.aggregates().position(|(_, a)| &a.name == name) else {
+        let Some(store) = topology.stores().position(|(_, n)| n == name) else {
             mismatches.push(format!("state: no stateful step is named `{name}`"));
             continue;
         };

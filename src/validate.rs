@@ -210,13 +210,14 @@ fn changelog_partitions(
         return Vec::new();
     };
     topology
-        .aggregates()
-        .filter_map(|(i, a)| {
-            let topic = topology.changelog_topic(&a.name);
+        .stores()
+        .filter_map(|(i, name)| {
+            let topic = topology.changelog_topic(name);
             let found = partitions.get(&topic)?;
+            let kind = topology.pipeline.get(i).map_or("", |p| p.kind());
             (found != expected).then(|| {
                 at.diag(
-                    &format!("pipeline[{i}].aggregate.name"),
+                    &format!("pipeline[{i}].{kind}.name"),
                     format!(
                         "its changelog `{topic}` has {found} partitions, the input has {expected}: partition p of a changelog holds the state of input partition p. Delete the changelog (its state is rebuilt from nothing) or recreate it with {expected} partitions"
                     ),

@@ -44,6 +44,9 @@ pub trait KeyedState {
     ) -> Result<Option<Cow<'_, [u8]>>, StoreError>;
     /// Sets (or with `None`, deletes) the value of `key`.
     fn put(&mut self, store: usize, partition: i32, key: &[u8], value: Option<Vec<u8>>);
+    /// The record at hand was dropped by store `store` (a `dedupe`): counted when its
+    /// transaction commits.
+    fn dropped(&mut self, store: usize);
 }
 
 /// One change of a store.
@@ -116,6 +119,9 @@ pub struct Stores {
     pending: HashMap<(usize, i32), Changes>,
     /// The changes of the record at hand, in order.
     record: Vec<Change>,
+    /// Records dropped by each store: the record at hand's, and the open transaction's.
+    record_drops: Vec<usize>,
+    pending_drops: Vec<u64>,
     /// When the last checkpoint was written after a commit.
     checkpointed: Instant,
     /// The consumer that restores assigned partitions and reads the changelogs' ends for a
@@ -147,6 +153,8 @@ impl Stores {
             backend,
             pending: HashMap::new(),
             record: Vec::new(),
+            record_drops: Vec::new(),
+            pending_drops: Vec::new(),
             checkpointed: Instant::now(),
             reader: None,
         }
@@ -186,15 +194,23 @@ impl Stores {
     /// A record starts: no change of its own yet.
     pub fn begin_record(&mut self) {
         self.record.clear();
+        self.record_drops.clear();
     }
 
     /// The record at hand leaves no change (it failed, is dead-lettered, skipped or retried).
     pub fn discard_record(&mut self) {
         self.record.clear();
+        self.record_drops.clear();
     }
 
     /// The record's changes join the open transaction; returned to be sent to the changelog.
     pub fn take_record(&mut self) -> Vec<Change> {
+        for store in self.record_drops.drain(..) {
+            if self.pending_drops.len() <= store {
+                self.pending_drops.resize(store + 1, 0);
+            }
+            self.pending_drops[store] += 1;
+        }
         let changes = std::mem::take(&mut self.record);
         for c in &changes {
             self.pending
@@ -207,6 +223,8 @@ impl Stores {
 
     /// The transaction committed: its changes reach the store, in one batch.
     pub fn commit(&mut self) -> Result<(), StoreError> {
+        let drops = std::mem::take(&mut self.pending_drops);
+        crate::telemetry::state_dropped(&self.changelogs, &drops);
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -271,6 +289,8 @@ impl Stores {
     pub fn abort(&mut self) {
         self.pending.clear();
         self.record.clear();
+        self.record_drops.clear();
+        self.pending_drops.clear();
     }
 
     /// The partition was revoked (its transaction committed or aborted first) and is let
@@ -341,8 +361,8 @@ pub fn open(
     consumer_config: &rdkafka::ClientConfig,
 ) -> Result<Stores, OpenError> {
     let changelogs: Vec<String> = topology
-        .aggregates()
-        .map(|(_, a)| topology.changelog_topic(&a.name))
+        .stores()
+        .map(|(_, name)| topology.changelog_topic(name))
         .collect();
     if changelogs.is_empty() {
         return Ok(Stores::default());
@@ -405,6 +425,10 @@ impl KeyedState for Stores {
             key: key.to_vec(),
             value,
         });
+    }
+
+    fn dropped(&mut self, store: usize) {
+        self.record_drops.push(store);
     }
 }
 

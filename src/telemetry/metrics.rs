@@ -48,6 +48,7 @@ pub const OUTBOX_OLDEST: &str = "onceflow_outbox_oldest_pending_seconds";
 pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
 pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 pub const STATE_KEYS: &str = "onceflow_state_keys";
+pub const DEDUPE_DROPPED: &str = "onceflow_dedupe_dropped_total";
 pub const STATE_BYTES: &str = "onceflow_state_bytes";
 pub const STATE_CHANGES: &str = "onceflow_state_changes_total";
 pub const STATE_RESTORE_REMAINING: &str = "onceflow_state_restore_remaining_records";
@@ -184,6 +185,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         STATE_KEYS,
         "Keys held in the stores of the assigned partitions, by store.",
+    ),
+    (
+        DEDUPE_DROPPED,
+        "Records a dedupe step dropped as repeats of a key it remembers, committed, by store (the changelog topic).",
     ),
     (
         STATE_BYTES,

@@ -169,6 +169,13 @@ pub fn state_restoring(topic: &str, open: &[i32], read: u64, to_read: u64) {
     }
 }
 
+/// A transaction committed these records dropped by `dedupe` steps, by store.
+pub fn state_dropped(stores: &[String], drops: &[u64]) {
+    for (store, &n) in stores.iter().zip(drops).filter(|(_, n)| **n > 0) {
+        counter!(m::DEDUPE_DROPPED, "store" => store.clone()).increment(n);
+    }
+}
+
 /// A transaction committed these state changes, and the stores hold these keys and bytes,
 /// by store.
 pub fn state_committed(stores: &[String], changes: &[u64], sizes: &[(u64, u64)]) {

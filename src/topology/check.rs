@@ -508,7 +508,8 @@ fn validate_processor(here: &str, p: &Processor, issue: &mut dyn FnMut(String, &
         | Processor::Filter(_)
         | Processor::SetKey(_)
         | Processor::DropEmpty {}
-        | Processor::Aggregate(_) => {}
+        | Processor::Aggregate(_)
+        | Processor::Dedupe(_) => {}
     }
 }
 

@@ -33,6 +33,9 @@ pub enum Processor {
     /// Per record key, folds records into a state value kept in a store, and hands the new
     /// state downstream (see [`super::state`]).
     Aggregate(super::state::AggregateConfig),
+    /// Passes the first record of each key and drops the ones that follow within a time
+    /// (see [`super::state`]).
+    Dedupe(super::state::DedupeConfig),
 }
 
 impl Processor {
@@ -49,6 +52,7 @@ impl Processor {
             Processor::SetHeader(_) => "set_header",
             Processor::DropEmpty {} => "drop_empty",
             Processor::Aggregate(_) => "aggregate",
+            Processor::Dedupe(_) => "dedupe",
         }
     }
 

@@ -1,4 +1,4 @@
-//! Stateful steps as written in a topology file (`aggregate`), and their checks. Every
+//! Stateful steps as written in a topology file (`aggregate`, `dedupe`), and their checks. Every
 //! stateful step keeps a store, keyed by the record key, whose changes are written to a
 //! compacted changelog topic in the job's transaction ([`crate::state`]).
 
@@ -37,6 +37,35 @@ pub struct AggregateConfig {
     pub into: Option<String>,
 }
 
+/// Settings of `dedupe`: passes the first record of each key, and drops the records of that
+/// key that follow within `within` of it (by the records' timestamps).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupeConfig {
+    /// The store's name, unique in the topology; its changelog is the topic
+    /// `<topology>.<name>.changelog`.
+    pub name: String,
+    /// How long a key is remembered, e.g. `7d`, `12h`, `30m` (by the records' timestamps:
+    /// a record more than this after its key's first passes, and is remembered instead).
+    /// Default: for ever.
+    #[serde(default)]
+    pub within: Option<String>,
+}
+
+impl DedupeConfig {
+    /// `within` in milliseconds; `None` for ever, `Err` when it does not parse.
+    pub fn within_ms(&self) -> Result<Option<i64>, String> {
+        self.within
+            .as_deref()
+            .map(|w| {
+                humantime::parse_duration(w)
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                    .map_err(|e| format!("`{w}` is not a duration like 7d, 12h or 30m: {e}"))
+            })
+            .transpose()
+    }
+}
+
 /// How `aggregate` folds a record into its key's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -72,13 +101,15 @@ impl AggregateOp {
 }
 
 impl Topology {
-    /// The stateful steps of the pipeline, in order: (pipeline index, settings).
-    pub fn aggregates(&self) -> impl Iterator<Item = (usize, &AggregateConfig)> {
+    /// Every stateful step's store, in pipeline order (a store's index is its place here):
+    /// (pipeline index, store name).
+    pub fn stores(&self) -> impl Iterator<Item = (usize, &str)> {
         self.pipeline
             .iter()
             .enumerate()
             .filter_map(|(i, p)| match p {
-                Processor::Aggregate(a) => Some((i, a)),
+                Processor::Aggregate(a) => Some((i, a.name.as_str())),
+                Processor::Dedupe(d) => Some((i, d.name.as_str())),
                 _ => None,
             })
     }
@@ -96,35 +127,44 @@ impl Topology {
         let mut rekeyed: Option<usize> = None;
         for (i, p) in self.pipeline.iter().enumerate() {
             let here = format!("pipeline[{i}].{}", p.kind());
-            let a = match p {
+            let name = match p {
                 Processor::SetKey(_) => {
                     rekeyed.get_or_insert(i);
                     continue;
                 }
-                Processor::Aggregate(a) => a,
+                Processor::Aggregate(a) => &a.name,
+                Processor::Dedupe(d) => &d.name,
                 _ => continue,
             };
-            if !is_valid_name(&a.name) {
+            if !is_valid_name(name) {
                 issue(
                     format!("{here}.name"),
                     "must be 1-100 letters, digits, `.`, `_` or `-`",
                 );
-            } else if names.contains(&a.name.as_str()) {
+            } else if names.contains(&name.as_str()) {
                 issue(
                     format!("{here}.name"),
                     "is the name of another store: each stateful step needs its own",
                 );
             }
-            names.push(&a.name);
+            names.push(name);
             if let Some(k) = rekeyed {
                 issue(
                     here.clone(),
                     &format!(
-                        "works on the record key, which pipeline[{k}].set_key changed: records of one key would be folded on several instances. Write the re-keyed records to a topic and aggregate them in a second topology that reads it"
+                        "works on the record key, which pipeline[{k}].set_key changed: records of one key would meet on several instances. Write the re-keyed records to a topic and add the step in a second topology that reads it"
                     ),
                 );
             }
-            validate_aggregate(&here, a, issue);
+            match p {
+                Processor::Aggregate(a) => validate_aggregate(&here, a, issue),
+                Processor::Dedupe(d) => {
+                    if let Err(e) = d.within_ms() {
+                        issue(format!("{here}.within"), &e);
+                    }
+                }
+                _ => {}
+            }
         }
         if names.is_empty() {
             return;
@@ -207,7 +247,7 @@ mod tests {
         let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline: [{aggregate: {name: counts, op: count}}]\noutputs: [{topic: out}]\n";
         let t = Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t.changelog_topic("counts"), "t.counts.changelog");
-        assert_eq!(t.aggregates().count(), 1);
+        assert_eq!(t.stores().collect::<Vec<_>>(), [(0, "counts")]);
     }
 
     #[test]
@@ -247,6 +287,24 @@ mod tests {
             found[0].1.contains("pipeline[0].set_key") && found[0].1.contains("second topology"),
             "{}",
             found[0].1
+        );
+    }
+
+    #[test]
+    fn a_dedupe_is_checked_like_a_store_and_its_window_must_parse() {
+        let found = issues(
+            "[{dedupe: {name: seen, within: 7d}}, {dedupe: {name: seen, within: soon}}, {set_key: value.x}, {dedupe: {name: other}}]",
+            "",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "pipeline[1].dedupe.name",
+                "pipeline[1].dedupe.within",
+                "pipeline[3].dedupe"
+            ],
+            "{found:#?}"
         );
     }
 

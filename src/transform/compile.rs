@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::aggregate::Aggregate;
+use super::dedupe::Dedupe;
 use super::expr::Expression;
 use super::{HeaderValue, OutputSpec, Route, Step, split};
 use crate::codec::Encoder;
@@ -69,6 +70,20 @@ impl<'t> Compiler<'t> {
                 map.iter().map(|(a, b)| (split(a), split(b))).collect(),
             )),
             Processor::SetKey(src) => self.expression(here, src).map(Step::SetKey),
+            Processor::Dedupe(d) => {
+                let store = self.stores;
+                self.stores += 1;
+                match d.within_ms() {
+                    Ok(within_ms) => Some(Step::Dedupe(Dedupe { store, within_ms })),
+                    Err(message) => {
+                        self.issues.push(ConfigIssue {
+                            path: format!("{here}.within"),
+                            message,
+                        });
+                        None
+                    }
+                }
+            }
             Processor::Aggregate(a) => self
                 .aggregate(&here, a)
                 .map(|a| Step::Aggregate(Box::new(a))),

@@ -9,6 +9,7 @@
 
 mod aggregate;
 mod compile;
+mod dedupe;
 pub mod expr;
 mod fast;
 
@@ -119,6 +120,7 @@ enum Step {
     DropEmpty,
     /// Boxed: an aggregate's expressions make it several times the size of the others.
     Aggregate(Box<aggregate::Aggregate>),
+    Dedupe(dedupe::Dedupe),
 }
 
 struct Route {
@@ -346,6 +348,11 @@ impl Pipeline {
                     return self.explode(index, (field, into), work, state, out, &fail);
                 }
                 Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
+                Step::Dedupe(d) => {
+                    if !d.apply(&work, state, &fail)? {
+                        return Ok(());
+                    }
+                }
             }
         }
         self.emit(work, out)

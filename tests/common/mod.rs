@@ -46,11 +46,21 @@ pub fn create_topics(names: &[&str], partitions: i32) {
     create_replicated_topics(names, partitions, 1, &[]);
 }
 
-/// Writes a record without value, with header [`MARKER_HEADER`] = `marker` (and the marker
-/// as its key, which a compacted topic requires), to each of the `partitions` of `topic`,
-/// outside any transaction: a read_committed reader sees them only once no transaction is
-/// left open before them.
+/// Writes a record without key nor value, with header [`MARKER_HEADER`] = `marker`, to each
+/// of the `partitions` of `topic`, outside any transaction: a read_committed reader sees
+/// them only once no transaction is left open before them.
 pub fn write_markers(topic: &str, partitions: i32, marker: &str) -> Result<(), String> {
+    write_markers_keyed(topic, partitions, marker, false)
+}
+
+/// [`write_markers`], with the marker as the records' key when `keyed` (a compacted topic
+/// refuses records without a key).
+fn write_markers_keyed(
+    topic: &str,
+    partitions: i32,
+    marker: &str,
+    keyed: bool,
+) -> Result<(), String> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -60,14 +70,13 @@ pub fn write_markers(topic: &str, partitions: i32, marker: &str) -> Result<(), S
             key: MARKER_HEADER,
             value: Some(marker),
         });
-        producer
-            .send(
-                BaseRecord::<str, str>::to(topic)
-                    .partition(p)
-                    .key(marker)
-                    .headers(headers),
-            )
-            .map_err(|(e, _)| e.to_string())?;
+        let mut record = BaseRecord::<str, str>::to(topic)
+            .partition(p)
+            .headers(headers);
+        if keyed {
+            record = record.key(marker);
+        }
+        producer.send(record).map_err(|(e, _)| e.to_string())?;
     }
     producer
         .flush(Duration::from_secs(30))
@@ -333,9 +342,24 @@ pub fn try_read_records(
     partitions: i32,
     isolation: &str,
 ) -> Result<Vec<ReadRecord>, String> {
+    read_to_markers(topic, partitions, isolation, false)
+}
+
+/// [`read_records`] of a compacted topic (a changelog): its end markers carry a key.
+pub fn read_compacted_records(topic: &str, partitions: i32) -> Vec<ReadRecord> {
+    read_to_markers(topic, partitions, "read_committed", true).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn read_to_markers(
+    topic: &str,
+    partitions: i32,
+    isolation: &str,
+    keyed: bool,
+) -> Result<Vec<ReadRecord>, String> {
     // Markers of earlier reads of the same topic are passed over: only this one ends it.
     let this_read = unique("end");
-    write_markers(topic, partitions, &this_read).map_err(|e| format!("end markers: {e}"))?;
+    write_markers_keyed(topic, partitions, &this_read, keyed)
+        .map_err(|e| format!("end markers: {e}"))?;
 
     let consumer = reader(isolation);
     assign_all(&consumer, topic, partitions);
