@@ -390,3 +390,66 @@ fn each_id_passes_dedupe_exactly_once_across_kills() {
         &ids_of(&read_records(&s.output, PARTITIONS, "read_committed")),
     );
 }
+
+/// A zombie never lands a state write: an instance frozen mid-work (SIGSTOP) past its session
+/// timeout while a replacement with its instance id (on another disk, as a pod on another
+/// node) takes over, then woken (SIGCONT). The zombie's open transaction holds changelog
+/// writes; it must be fenced and stop, and the counts and the changelog stay exact.
+#[test]
+fn a_paused_zombie_never_lands_a_state_write() {
+    let s = setup("state-zombie");
+    // Each instance's disk from the environment: the zombie's and the replacement's apart.
+    let text = std::fs::read_to_string(&s.topology).expect("topology");
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("state_dir:") {
+                "  state_dir: ${STATE_DIR}".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&s.topology, text + "\n").expect("topology");
+    let disks = [
+        tempfile::tempdir().expect("disk"),
+        tempfile::tempdir().expect("disk"),
+    ];
+    let disk = |i: usize| disks[i].path().display().to_string();
+    let ids: BTreeSet<u64> = (0..30_000).collect();
+    let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
+    let zombie_disk = disk(0);
+    let mut zombie = spawn_job(
+        &s.topology,
+        "zombie-0",
+        &[("STATE_DIR", zombie_disk.as_str())],
+    );
+    wait_for_distinct(&s.output, PARTITIONS, 1, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(700));
+    signal(&zombie, "-STOP");
+    let frozen = std::time::Instant::now();
+    let replacement_disk = disk(1);
+    let replacement = spawn_job(
+        &s.topology,
+        "zombie-0",
+        &[("STATE_DIR", replacement_disk.as_str())],
+    );
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
+    assert_eq!(seen, ids.len(), "the replacement did not finish the work");
+    feeder.join().expect("feeder");
+    if let Some(rest) = Duration::from_secs(12).checked_sub(frozen.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    signal(&zombie, "-CONT");
+    let status = wait_exit(&mut zombie, Duration::from_secs(90));
+    if status.is_none() {
+        let _ = zombie.kill();
+    }
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "the zombie should exit non-zero once fenced: {status:?}"
+    );
+    terminate(replacement);
+    assert_exact(&s, &ids);
+}
