@@ -106,36 +106,15 @@ fn paused_zombie_is_fenced_by_its_replacement() {
     let ids: BTreeSet<u64> = (0..30_000).collect();
     // Paced over ~15 s: the instance is mid-work, a transaction open, when it is frozen.
     let feeder = feed(&s, ids.clone(), 2_000);
-    let mut zombie = spawn(&s, "zombie-0");
-    let started = Instant::now();
-    while distinct_now(&s.output, PARTITIONS, Duration::from_millis(500)) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the first instance never committed"
-        );
-    }
-    // Freeze it in the middle of its work, as a long GC pause or a partitioned VM would.
-    signal(&zombie, "-STOP");
-    let frozen = Instant::now();
-    let replacement = spawn(&s, "zombie-0");
-    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
-    assert_eq!(seen, ids.len(), "the replacement did not finish the work");
-    feeder.join().expect("feeder");
-    // Past its 10 s session timeout, whatever the replacement's pace.
-    if let Some(rest) = Duration::from_secs(12).checked_sub(frozen.elapsed()) {
-        std::thread::sleep(rest);
-    }
-
-    // The zombie wakes up holding an open transaction: it must be fenced and stop.
-    signal(&zombie, "-CONT");
-    let status = wait_exit(&mut zombie, Duration::from_secs(90));
-    if status.is_none() {
-        let _ = zombie.kill();
-    }
-    assert!(
-        status.is_some_and(|st| !st.success()),
-        "the zombie should exit non-zero once fenced: {status:?}"
+    let zombie = spawn(&s, "zombie-0");
+    let replacement = freeze_replace_wake(
+        zombie,
+        &|| spawn(&s, "zombie-0"),
+        &s.output,
+        PARTITIONS,
+        ids.len(),
     );
+    feeder.join().expect("feeder");
     terminate(replacement);
     assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
 }

@@ -747,3 +747,44 @@ pub fn kill_mid_run(
         "the job was not killed {kills} times mid-run"
     );
 }
+
+/// A zombie holding an open transaction: `zombie` is frozen (SIGSTOP) in the middle of its
+/// work, once it has committed something to `output`; `replacement` starts and must bring
+/// `expected` ids to `output`; past the zombie's 10 s session timeout it is woken (SIGCONT)
+/// and must stop, non-zero, once fenced. Returns the replacement, still running.
+pub fn freeze_replace_wake(
+    mut zombie: KillOnDrop,
+    replacement: &dyn Fn() -> KillOnDrop,
+    output: &str,
+    partitions: i32,
+    expected: usize,
+) -> KillOnDrop {
+    let started = Instant::now();
+    while distinct_now(output, partitions, Duration::from_millis(500)) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the first instance never committed"
+        );
+    }
+    // Freeze it in the middle of its work, as a long GC pause or a partitioned VM would.
+    signal(&zombie, "-STOP");
+    let frozen = Instant::now();
+    let replacement = replacement();
+    let seen = wait_for_distinct(output, partitions, expected, Duration::from_secs(180));
+    assert_eq!(seen, expected, "the replacement did not finish the work");
+    // Past its 10 s session timeout, whatever the replacement's pace.
+    if let Some(rest) = Duration::from_secs(12).checked_sub(frozen.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    // The zombie wakes up holding an open transaction: it must be fenced and stop.
+    signal(&zombie, "-CONT");
+    let status = wait_exit(&mut zombie, Duration::from_secs(90));
+    if status.is_none() {
+        let _ = zombie.kill();
+    }
+    assert!(
+        status.is_some_and(|st| !st.success()),
+        "the zombie should exit non-zero once fenced: {status:?}"
+    );
+    replacement
+}
