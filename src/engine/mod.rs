@@ -665,7 +665,7 @@ impl<'t> Job<'t> {
             self.since_poll = 0;
         }
         if idle {
-            txn.idle();
+            txn.idle()?;
         }
         // A commit running in the background that has ended is settled (what was processed
         // meanwhile goes into the next transaction); a due one starts.

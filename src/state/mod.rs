@@ -124,6 +124,8 @@ pub struct Stores {
     pending_drops: Vec<u64>,
     /// When the last checkpoint was written after a commit.
     checkpointed: Instant,
+    /// Whether changes were applied since the last checkpoint of every held partition.
+    unchecked: bool,
     /// The consumer that restores assigned partitions and reads the changelogs' ends for a
     /// checkpoint, and how long a restore may go without progress (none: nothing to restore,
     /// as in `onceflow test`).
@@ -156,6 +158,7 @@ impl Stores {
             record_drops: Vec::new(),
             pending_drops: Vec::new(),
             checkpointed: Instant::now(),
+            unchecked: false,
             reader: None,
         }
     }
@@ -236,11 +239,28 @@ impl Stores {
         }
         let pending = std::mem::take(&mut self.pending);
         self.backend.apply(pending, &[])?;
+        self.unchecked = true;
         crate::telemetry::state_committed(&self.changelogs, &counts, &self.sizes());
+        self.checkpoint_if_due()
+    }
+
+    /// The job is idle, no transaction open: the checkpoint a commit would have written, if
+    /// changes were applied since the last and it is due.
+    pub fn idle(&mut self) -> Result<(), StoreError> {
+        if self.unchecked {
+            self.checkpoint_if_due()?;
+        }
+        Ok(())
+    }
+
+    /// Writes every held partition's checkpoint when the last is [`store::CHECKPOINT_EVERY`]
+    /// old (with no transaction open).
+    fn checkpoint_if_due(&mut self) -> Result<(), StoreError> {
         let now = Instant::now();
         if self.checkpoint_due(now) {
             self.checkpointed = now;
             self.write_checkpoints(|_| true)?;
+            self.unchecked = false;
         }
         Ok(())
     }

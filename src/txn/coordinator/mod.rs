@@ -237,10 +237,18 @@ impl Txn {
 
     /// The consumer found nothing to read: with no transaction open there is nothing to
     /// commit, and a job that keeps up with a quiet input is making progress.
-    pub fn idle(&self) {
+    /// A job with state that went quiet after applying changes writes its checkpoints now
+    /// (when due), so that a restart after a burst replays only what came since.
+    pub fn idle(&mut self) -> Result<(), TxnError> {
         if !self.open {
             self.health.progressed();
+            if !self.overlap.committing() {
+                self.state
+                    .idle()
+                    .map_err(|e| TxnError::State(e.to_string()))?;
+            }
         }
+        Ok(())
     }
 
     /// Serves delivery reports. Call it regularly.
