@@ -69,6 +69,8 @@ pub enum ErrorKind {
     /// the record needs: transient, and never the record's fault, so the record's partition
     /// is held (paused) once its attempts run out instead of dead-lettering it.
     RegistryUnavailable,
+    /// A `join` with `on_miss: dead_letter` found no row for the record's key.
+    NoMatch,
 }
 
 impl ErrorKind {
@@ -85,7 +87,8 @@ impl ErrorKind {
             | ErrorKind::Unroutable
             | ErrorKind::BadAvro
             | ErrorKind::UnknownSchema
-            | ErrorKind::SchemaMismatch => true,
+            | ErrorKind::SchemaMismatch
+            | ErrorKind::NoMatch => true,
             ErrorKind::Unavailable | ErrorKind::RegistryUnavailable => false,
         }
     }
@@ -113,6 +116,7 @@ impl ErrorKind {
             ErrorKind::UnknownSchema => "unknown_schema",
             ErrorKind::SchemaMismatch => "schema_mismatch",
             ErrorKind::RegistryUnavailable => "registry_unavailable",
+            ErrorKind::NoMatch => "no_match",
         }
     }
 }

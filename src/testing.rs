@@ -68,6 +68,10 @@ pub struct Case {
     /// compared.
     #[serde(default)]
     pub state: BTreeMap<String, BTreeMap<String, Json>>,
+    /// The rows of the tables of `join` steps before the first record: step name -> key
+    /// (UTF-8) -> row (JSON).
+    #[serde(default)]
+    pub tables: BTreeMap<String, BTreeMap<String, Json>>,
 }
 
 /// A record fed to the pipeline.
@@ -205,7 +209,11 @@ fn run_case(
     case: &Case,
 ) -> CaseReport {
     let mut mismatches = Vec::new();
-    let mut state = crate::state::Stores::default();
+    let mut state = crate::state::Stores::new(
+        topology.store_topics(),
+        Box::<crate::state::store::Memory>::default(),
+    );
+    load_tables(topology, case, &mut state, &mut mismatches);
     let (got, errors) = feed(topology, pipeline, dir, case, &mut state, &mut mismatches);
     for name in case.expect.keys() {
         if !topology.outputs.iter().any(|o| o.name() == name) {
@@ -422,6 +430,38 @@ fn diff(output: &Output, codec: Codec, expected: &[ExpectedRecord], actual: &[Re
 }
 
 /// The records that failed against those expected to fail.
+/// The case's table rows into the stores of the `join`s they name: a global table's under
+/// [`crate::state::GLOBAL`], a co-partitioned one's under partition 0 (the case's records').
+fn load_tables(
+    topology: &Topology,
+    case: &Case,
+    state: &mut crate::state::Stores,
+    mismatches: &mut Vec<String>,
+) {
+    let sources = topology.store_topics();
+    for (name, rows) in &case.tables {
+        let Some(store) = topology.stores().position(|(_, n)| n == name) else {
+            mismatches.push(format!("tables: no stateful step is named `{name}`"));
+            continue;
+        };
+        let partition = match sources[store].1 {
+            crate::topology::StoreSource::GlobalTable => crate::state::GLOBAL,
+            crate::topology::StoreSource::Table => 0,
+            crate::topology::StoreSource::Changelog => {
+                mismatches.push(format!("tables: `{name}` is not a join"));
+                continue;
+            }
+        };
+        let rows = rows
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), Some(v.to_string().into_bytes())))
+            .collect();
+        if let Err(e) = state.load(store, partition, rows) {
+            mismatches.push(format!("tables: `{name}`: {e}"));
+        }
+    }
+}
+
 /// The final state of every store the case names against what it expects: the same keys,
 /// each with the same JSON state.
 fn compare_state(

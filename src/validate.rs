@@ -12,7 +12,7 @@ use crate::kafka::admin::{Admin, AdminError};
 
 use crate::load::Diagnostic;
 use crate::topology::lines::LineMap;
-use crate::topology::{PROTECTED_CLIENT_SETTINGS, Target, Topology};
+use crate::topology::{PROTECTED_CLIENT_SETTINGS, StoreSource, Target, Topology};
 
 /// Checks `topology` against a running broker: `transaction.max.timeout.ms` must allow the
 /// topology's transaction timeout, and every input and output topic must exist. Every
@@ -194,9 +194,9 @@ fn missing_topics(
     out
 }
 
-/// A problem for every changelog of a stateful step that exists with another partition count
-/// than the input's (partition p of a changelog holds the state of input partition p). A
-/// missing changelog is no problem: the job creates it.
+/// A problem for every store topic whose partitions do not line up with the input's: a
+/// changelog that exists with another count (a missing one is no problem: the job creates
+/// it), a `join`'s table that does not exist, or a co-partitioned one with another count.
 fn changelog_partitions(
     topology: &Topology,
     partitions: &BTreeMap<String, usize>,
@@ -211,18 +211,27 @@ fn changelog_partitions(
     };
     topology
         .stores()
-        .filter_map(|(i, name)| {
-            let topic = topology.changelog_topic(name);
-            let found = partitions.get(&topic)?;
+        .zip(topology.store_topics())
+        .filter_map(|((i, _), (topic, source))| {
             let kind = topology.pipeline.get(i).map_or("", |p| p.kind());
-            (found != expected).then(|| {
-                at.diag(
-                    &format!("pipeline[{i}].{kind}.name"),
-                    format!(
-                        "its changelog `{topic}` has {found} partitions, the input has {expected}: partition p of a changelog holds the state of input partition p. Delete the changelog (its state is rebuilt from nothing) or recreate it with {expected} partitions"
-                    ),
-                )
-            })
+            let message = match (source, partitions.get(&topic)) {
+                (StoreSource::Changelog, Some(found)) if found != expected => format!(
+                    "its changelog `{topic}` has {found} partitions, the input has {expected}: partition p of a changelog holds the state of input partition p. Delete the changelog (its state is rebuilt from nothing) or recreate it with {expected} partitions"
+                ),
+                (StoreSource::Table | StoreSource::GlobalTable, None) => {
+                    format!("the table topic `{topic}` does not exist")
+                }
+                (StoreSource::Table, Some(found)) if found != expected => format!(
+                    "the table `{topic}` has {found} partitions, the input has {expected}: a co-partitioned table needs the input's key and partition count. Repartition the table, or read it whole with `global: true`"
+                ),
+                _ => return None,
+            };
+            let field = if source == StoreSource::Changelog {
+                "name"
+            } else {
+                "table"
+            };
+            Some(at.diag(&format!("pipeline[{i}].{kind}.{field}"), message))
         })
         .collect()
 }

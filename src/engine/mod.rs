@@ -240,7 +240,8 @@ fn connect(
     }
     let sinks = Sinks::from_topology(topology)?;
     let stores = crate::state::open(topology, &identity.instance_id, &consumer_config)?;
-    let changelogs = stores.changelogs().to_vec();
+    let changelogs = stores.changelog_topics();
+    let tables = stores.table_topics();
     let txn = Txn::new(producer_config, settings, Arc::clone(&health))?
         .with_participants(sinks.into_participants())
         .with_state(stores);
@@ -251,14 +252,13 @@ fn connect(
             what: "cannot create the consumer".into(),
             error,
         })?;
-    if let (false, Some(input)) = (changelogs.is_empty(), topology.input_topics().first()) {
-        changelog::ensure(
-            &clients::cluster(topology, identity),
-            &consumer,
-            input,
-            &changelogs,
-            Duration::from_millis(runtime.transaction_timeout_ms),
-        )?;
+    if let Some(input) = topology.input_topics().first() {
+        let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
+        if !changelogs.is_empty() {
+            let cluster = clients::cluster(topology, identity);
+            changelog::ensure(&cluster, &consumer, input, &changelogs, timeout)?;
+        }
+        changelog::check_tables(&consumer, input, &tables, timeout)?;
     }
     let outputs = topology.kafka_output_topics();
     source::check_topics_exist(
@@ -663,6 +663,9 @@ impl<'t> Job<'t> {
         if self.since_poll >= SERVE_DELIVERIES_EVERY || idle {
             txn.poll();
             self.since_poll = 0;
+            txn.state()
+                .follow_tables()
+                .map_err(|e| TxnError::State(e.to_string()))?;
         }
         if idle {
             txn.idle()?;

@@ -1,6 +1,7 @@
 //! The changelog topics of a job's stores: one per store, compacted, with as many partitions
 //! as the input (partition p holds the state of input partition p). The job creates a
-//! missing one; one with another partition count stops it, naming both counts.
+//! missing one; one with another partition count stops it, naming both counts. The tables of
+//! `join`s are checked, never created: a co-partitioned one must have the input's count.
 
 use std::time::Duration;
 
@@ -28,6 +29,17 @@ pub enum ChangelogError {
     },
     #[error("state changelog {topic}: {error}")]
     Create { topic: String, error: AdminError },
+    #[error("join: the table topic {0} does not exist")]
+    NoTable(String),
+    #[error(
+        "join: table {topic} has {found} partitions, the input {input} has {expected}: a co-partitioned table needs the input's key and partition count (an instance looks a record up in the partition of the table it holds). Repartition the table, or read it whole with `global: true`"
+    )]
+    TablePartitions {
+        topic: String,
+        found: usize,
+        input: String,
+        expected: usize,
+    },
 }
 
 /// The number of partitions of `topic`, `None` when it does not exist.
@@ -42,6 +54,36 @@ fn partitions<C: ConsumerContext>(
             error,
         }
     })
+}
+
+/// Checks the tables of `join`s, (topic, global): each exists, and a co-partitioned one has
+/// the partition count of `input`.
+pub fn check_tables<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    input: &str,
+    tables: &[(String, bool)],
+    timeout: Duration,
+) -> Result<(), ChangelogError> {
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let expected = partitions(consumer, input, timeout)?
+        .ok_or_else(|| ChangelogError::NoInput(input.into()))?;
+    for (topic, global) in tables {
+        match partitions(consumer, topic, timeout)? {
+            None => return Err(ChangelogError::NoTable(topic.clone())),
+            Some(found) if !global && found != expected => {
+                return Err(ChangelogError::TablePartitions {
+                    topic: topic.clone(),
+                    found,
+                    input: input.to_string(),
+                    expected,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Creates every missing changelog of `changelogs` with the partition count of `input`, and

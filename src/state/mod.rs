@@ -18,10 +18,16 @@
 //!   is dropped.
 //!
 //! Values are JSON (the changelog is readable by any Kafka client); a delete is a tombstone.
+//!
+//! The store of a `join` is a table: a compacted topic the job reads and never writes, its own
+//! changelog. It is restored like the others (a co-partitioned table with its input
+//! partitions; a global one whole, at the first assignment, under [`GLOBAL`]), then kept
+//! current by a consumer that follows its partitions ([`table`]).
 
 pub mod changelog;
 pub mod restore;
 pub mod store;
+pub mod table;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -29,8 +35,12 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 
-use crate::topology::{StateStore, Topology};
+use crate::topology::{StateStore, StoreSource, Topology};
 use store::{Backend, Checkpoint, Memory, StoreError};
+
+/// The partition a global table's rows are held under, whatever partition of the table topic
+/// they were read from (checkpoints stay per partition).
+pub const GLOBAL: i32 = -1;
 
 /// A store's key-value view for the pipeline, over the partition of the record at hand.
 pub trait KeyedState {
@@ -47,6 +57,18 @@ pub trait KeyedState {
     /// The record at hand was dropped by store `store` (a `dedupe`): counted when its
     /// transaction commits.
     fn dropped(&mut self, store: usize);
+    /// The record at hand's key has no row in table `store` (a `join`): counted when its
+    /// transaction commits.
+    fn missed(&mut self, store: usize);
+}
+
+/// What a record did at a store that a metric counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tally {
+    /// Dropped by a `dedupe`.
+    Dropped = 0,
+    /// Its key had no row in a `join`'s table.
+    Missed = 1,
 }
 
 /// One change of a store.
@@ -106,22 +128,26 @@ impl Table {
 }
 
 /// Changes by key; `None` deletes the key.
-type Changes = HashMap<Vec<u8>, Option<Vec<u8>>>;
+pub type Changes = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
-/// The stores of a job: their changelog topics, the committed state of the assigned
-/// partitions, and the changes of the open transaction and of the record at hand.
+/// The stores of a job: their topics, the committed state of the assigned partitions, and the
+/// changes of the open transaction and of the record at hand.
 pub struct Stores {
-    /// The changelog topic of each store, by store index.
-    changelogs: Vec<String>,
+    /// The topic of each store (its changelog, or a `join`'s table), by store index.
+    topics: Vec<String>,
+    /// Where each store's state comes from, by store index.
+    sources: Vec<StoreSource>,
     /// The committed state.
     backend: Box<dyn Backend>,
     /// The open transaction's changes, by (store, partition) and key; the last one counts.
     pending: HashMap<(usize, i32), Changes>,
     /// The changes of the record at hand, in order.
     record: Vec<Change>,
-    /// Records dropped by each store: the record at hand's, and the open transaction's.
-    record_drops: Vec<usize>,
-    pending_drops: Vec<u64>,
+    /// What metrics count of the record at hand, and of the open transaction by store.
+    record_tally: Vec<(usize, Tally)>,
+    pending_tally: Vec<[u64; 2]>,
+    /// Keeps the tables of `join`s current.
+    tables: table::Follower,
     /// When the last checkpoint was written after a commit.
     checkpointed: Instant,
     /// Whether changes were applied since the last checkpoint of every held partition.
@@ -141,22 +167,25 @@ impl Default for Stores {
 impl std::fmt::Debug for Stores {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stores")
-            .field("changelogs", &self.changelogs)
+            .field("topics", &self.topics)
             .finish()
     }
 }
 
 impl Stores {
-    /// Stores whose changes go to these changelog topics (none: a stateless job), their
+    /// Stores of these topics and sources, by store index (none: a stateless job), their
     /// committed state kept in `backend`.
-    pub fn new(changelogs: Vec<String>, backend: Box<dyn Backend>) -> Stores {
+    pub fn new(stores: Vec<(String, StoreSource)>, backend: Box<dyn Backend>) -> Stores {
+        let (topics, sources) = stores.into_iter().unzip();
         Stores {
-            changelogs,
+            topics,
+            sources,
             backend,
             pending: HashMap::new(),
             record: Vec::new(),
-            record_drops: Vec::new(),
-            pending_drops: Vec::new(),
+            record_tally: Vec::new(),
+            pending_tally: Vec::new(),
+            tables: table::Follower::default(),
             checkpointed: Instant::now(),
             unchecked: false,
             reader: None,
@@ -167,6 +196,12 @@ impl Stores {
     /// without progress.
     pub fn with_reader(mut self, consumer: restore::RestoreConsumer, timeout: Duration) -> Stores {
         self.reader = Some((consumer, timeout));
+        self
+    }
+
+    /// Stores whose tables are followed by `consumer` once restored.
+    pub fn with_follower(mut self, consumer: restore::RestoreConsumer) -> Stores {
+        self.tables = table::Follower::new(consumer);
         self
     }
 
@@ -181,38 +216,87 @@ impl Stores {
         };
         let result = restore::restore(&consumer, self, partitions, timeout);
         self.reader = Some((consumer, timeout));
-        result
+        let (restored, reached) = result?;
+        for (store, partition, offset) in reached {
+            if self.sources[store] == StoreSource::GlobalTable {
+                self.tables.held_whole(store);
+            }
+            let topic = self.topics[store].clone();
+            self.tables.follow(&topic, store, partition, offset);
+        }
+        self.tables.start().map_err(restore::RestoreError::Client)?;
+        Ok(restored)
+    }
+
+    /// Applies what the followed tables received since the last call (a bounded batch):
+    /// the rows a `join` sees are as current as this.
+    pub fn follow_tables(&mut self) -> Result<u64, table::FollowError> {
+        self.tables.read(self.backend.as_mut())
     }
 
     /// Whether the job has any store.
     pub fn is_stateful(&self) -> bool {
-        !self.changelogs.is_empty()
+        !self.topics.is_empty()
     }
 
-    /// The changelog topic of each store, by store index.
-    pub fn changelogs(&self) -> &[String] {
-        &self.changelogs
+    /// The topic of each store (its changelog, or a `join`'s table), by store index.
+    pub fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// Where each store's state comes from, by store index.
+    pub fn sources(&self) -> &[StoreSource] {
+        &self.sources
+    }
+
+    /// The changelog topics, the job writes.
+    pub fn changelog_topics(&self) -> Vec<String> {
+        self.of_source(|s| s == StoreSource::Changelog)
+    }
+
+    /// The topics of the tables of `join`s: (topic, whether held whole).
+    pub fn table_topics(&self) -> Vec<(String, bool)> {
+        let global = self.of_source(|s| s == StoreSource::GlobalTable);
+        self.of_source(|s| s == StoreSource::Table)
+            .into_iter()
+            .map(|t| (t, false))
+            .chain(global.into_iter().map(|t| (t, true)))
+            .collect()
+    }
+
+    fn of_source(&self, which: impl Fn(StoreSource) -> bool) -> Vec<String> {
+        self.topics
+            .iter()
+            .zip(&self.sources)
+            .filter(|(_, s)| which(**s))
+            .map(|(t, _)| t.clone())
+            .collect()
+    }
+
+    /// Whether the store at `index` is a global table already restored.
+    pub fn holds_global(&self, index: usize) -> bool {
+        self.tables.holds_global(index)
     }
 
     /// A record starts: no change of its own yet.
     pub fn begin_record(&mut self) {
         self.record.clear();
-        self.record_drops.clear();
+        self.record_tally.clear();
     }
 
     /// The record at hand leaves no change (it failed, is dead-lettered, skipped or retried).
     pub fn discard_record(&mut self) {
         self.record.clear();
-        self.record_drops.clear();
+        self.record_tally.clear();
     }
 
     /// The record's changes join the open transaction; returned to be sent to the changelog.
     pub fn take_record(&mut self) -> Vec<Change> {
-        for store in self.record_drops.drain(..) {
-            if self.pending_drops.len() <= store {
-                self.pending_drops.resize(store + 1, 0);
+        for (store, tally) in self.record_tally.drain(..) {
+            if self.pending_tally.len() <= store {
+                self.pending_tally.resize(store + 1, [0; 2]);
             }
-            self.pending_drops[store] += 1;
+            self.pending_tally[store][tally as usize] += 1;
         }
         let changes = std::mem::take(&mut self.record);
         for c in &changes {
@@ -226,12 +310,12 @@ impl Stores {
 
     /// The transaction committed: its changes reach the store, in one batch.
     pub fn commit(&mut self) -> Result<(), StoreError> {
-        let drops = std::mem::take(&mut self.pending_drops);
-        crate::telemetry::state_dropped(&self.changelogs, &drops);
+        let tally = std::mem::take(&mut self.pending_tally);
+        crate::telemetry::state_tally(&self.topics, &tally);
         if self.pending.is_empty() {
             return Ok(());
         }
-        let mut counts = vec![0u64; self.changelogs.len()];
+        let mut counts = vec![0u64; self.topics.len()];
         for (&(store, _), changes) in &self.pending {
             if let Some(c) = counts.get_mut(store) {
                 *c += changes.len() as u64;
@@ -240,7 +324,7 @@ impl Stores {
         let pending = std::mem::take(&mut self.pending);
         self.backend.apply(pending, &[])?;
         self.unchecked = true;
-        crate::telemetry::state_committed(&self.changelogs, &counts, &self.sizes());
+        crate::telemetry::state_committed(&self.topics, &counts, &self.sizes());
         self.checkpoint_if_due()
     }
 
@@ -270,8 +354,8 @@ impl Stores {
         self.is_stateful() && now.duration_since(self.checkpointed) >= store::CHECKPOINT_EVERY
     }
 
-    /// Writes a checkpoint for each held partition `which` selects: the high watermark its
-    /// changelog has now. Called with no transaction open, right after a commit was applied
+    /// Writes a checkpoint for each held changelog partition `which` selects: the high
+    /// watermark its changelog has now (a table's checkpoints are written as it is read). Called with no transaction open, right after a commit was applied
     /// or a revoked partition's transaction ended, and only for partitions still this
     /// instance's: every change below that watermark is then applied here or aborted. (A
     /// member taking a partition over first restores it, then processes and commits: that
@@ -285,9 +369,9 @@ impl Stores {
             .backend
             .held()
             .into_iter()
-            .filter(|&(_, p)| which(p))
+            .filter(|&(s, p)| which(p) && self.sources.get(s) == Some(&StoreSource::Changelog))
             .filter_map(|at| {
-                let topic = self.changelogs.get(at.0)?;
+                let topic = self.topics.get(at.0)?;
                 let (_, high) = consumer.fetch_watermarks(topic, at.1, timeout).ok()?;
                 Some((
                     at,
@@ -309,8 +393,8 @@ impl Stores {
     pub fn abort(&mut self) {
         self.pending.clear();
         self.record.clear();
-        self.record_drops.clear();
-        self.pending_drops.clear();
+        self.record_tally.clear();
+        self.pending_tally.clear();
     }
 
     /// The partition was revoked (its transaction committed or aborted first) and is let
@@ -325,10 +409,20 @@ impl Stores {
         if !lost {
             self.write_checkpoints(|p| p == partition)?;
         }
-        for store in 0..self.changelogs.len() {
+        for store in 0..self.topics.len() {
+            if self.sources[store] == StoreSource::Table {
+                self.tables.unfollow(store, partition)?;
+            }
             self.backend.release((store, partition));
         }
         Ok(())
+    }
+
+    /// Puts committed rows into store `store` of `partition` directly (a table's rows for
+    /// `onceflow test`).
+    pub fn load(&mut self, store: usize, partition: i32, rows: Changes) -> Result<(), StoreError> {
+        self.backend
+            .apply(HashMap::from([((store, partition), rows)]), &[])
     }
 
     /// The store's backend, for a restore.
@@ -352,7 +446,7 @@ impl Stores {
     /// The keys and the key and value bytes of every store, by store index (assigned
     /// partitions only; on disk, estimates).
     pub fn sizes(&self) -> Vec<(u64, u64)> {
-        let mut sizes = vec![(0u64, 0u64); self.changelogs.len()];
+        let mut sizes = vec![(0u64, 0u64); self.topics.len()];
         for ((store, _), keys, bytes) in self.backend.sizes() {
             if let Some((k, b)) = sizes.get_mut(store) {
                 *k += keys;
@@ -372,6 +466,15 @@ pub enum OpenError {
     Client(#[from] rdkafka::error::KafkaError),
 }
 
+impl From<table::FollowError> for StoreError {
+    fn from(e: table::FollowError) -> StoreError {
+        StoreError {
+            path: "tables".into(),
+            message: e.to_string(),
+        }
+    }
+}
+
 /// The stores of `topology`'s stateful steps (none for a stateless one), on disk in
 /// `<state_dir>/<topology>/<instance>` or in memory, with the consumer that restores them
 /// (configured from the job consumer's `consumer_config`).
@@ -380,11 +483,8 @@ pub fn open(
     instance: &str,
     consumer_config: &rdkafka::ClientConfig,
 ) -> Result<Stores, OpenError> {
-    let changelogs: Vec<String> = topology
-        .stores()
-        .map(|(_, name)| topology.changelog_topic(name))
-        .collect();
-    if changelogs.is_empty() {
+    let stores = topology.store_topics();
+    if stores.is_empty() {
         return Ok(Stores::default());
     }
     let runtime = &topology.runtime;
@@ -396,9 +496,15 @@ pub fn open(
                 .join(instance),
         )?),
     };
-    let reader = restore::consumer(&restore::restore_config(consumer_config))?;
+    let config = restore::restore_config(consumer_config);
     let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
-    Ok(Stores::new(changelogs, backend).with_reader(reader, timeout))
+    let tables = stores.iter().any(|(_, s)| *s != StoreSource::Changelog);
+    let stores = Stores::new(stores, backend).with_reader(restore::consumer(&config)?, timeout);
+    Ok(if tables {
+        stores.with_follower(restore::consumer(&config)?)
+    } else {
+        stores
+    })
 }
 
 /// Milliseconds since the epoch.
@@ -448,7 +554,11 @@ impl KeyedState for Stores {
     }
 
     fn dropped(&mut self, store: usize) {
-        self.record_drops.push(store);
+        self.record_tally.push((store, Tally::Dropped));
+    }
+
+    fn missed(&mut self, store: usize) {
+        self.record_tally.push((store, Tally::Missed));
     }
 }
 
@@ -457,7 +567,10 @@ mod tests {
     use super::*;
 
     fn stores() -> Stores {
-        Stores::new(vec!["t.counts.changelog".into()], Box::<Memory>::default())
+        Stores::new(
+            vec![("t.counts.changelog".into(), StoreSource::Changelog)],
+            Box::<Memory>::default(),
+        )
     }
 
     fn get(s: &Stores, key: &str) -> Option<String> {

@@ -13,8 +13,9 @@ use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
 use super::store::{Backend, CHECKPOINT_MAX_AGE, Checkpoint, StoreError};
-use super::{Changes, Stores, age, now_ms};
+use super::{Changes, GLOBAL, Stores, age, now_ms};
 use crate::telemetry;
+use crate::topology::StoreSource;
 
 /// Changes read are applied to the store in batches of this many records (state larger than
 /// memory restores into a disk store without holding it all).
@@ -98,37 +99,122 @@ struct Span {
     high: i64,
 }
 
-/// Brings the state of every store on `partitions` up to their changelogs' ends; a restore
-/// fails when nothing comes for `timeout`.
+/// Where a restored table goes on from: (store, partition, next offset).
+pub type Reached = Vec<(usize, i32, i64)>;
+
+/// Brings the state of every store on `partitions` up to their topics' ends (and a global
+/// table not held yet, whole); a restore fails when nothing comes for `timeout`. Returns
+/// where each table's partitions were read to, for following them from there.
 pub fn restore(
     consumer: &RestoreConsumer,
     stores: &mut Stores,
     partitions: &[i32],
     timeout: Duration,
-) -> Result<Restored, RestoreError> {
+) -> Result<(Restored, Reached), RestoreError> {
     let started = Instant::now();
     let mut total = Restored::default();
+    let mut tables = Reached::new();
     if partitions.is_empty() {
-        return Ok(total);
+        return Ok((total, tables));
     }
-    for store in 0..stores.changelogs().len() {
-        let topic = stores.changelogs()[store].clone();
-        let mut spans = Vec::new();
-        for &partition in partitions {
-            let (low, high) = consumer.fetch_watermarks(&topic, partition, timeout)?;
-            let (start, tail) = start_of(stores.backend(), (store, partition), low, high)?;
-            total.from_checkpoint += u64::from(tail);
-            spans.push(Span {
-                partition,
-                start,
-                high,
-            });
+    for store in 0..stores.topics().len() {
+        let topic = stores.topics()[store].clone();
+        let source = stores.sources()[store];
+        let (spans, into) = match source {
+            StoreSource::GlobalTable if stores.holds_global(store) => continue,
+            StoreSource::GlobalTable => {
+                let n =
+                    crate::kafka::partition_count(consumer.client(), &topic, timeout)?.unwrap_or(0);
+                let all: Vec<i32> = (0..n as i32).collect();
+                let (spans, tail) = global_spans(consumer, &topic, store, &all, stores, timeout)?;
+                total.from_checkpoint += tail;
+                (spans, Some(GLOBAL))
+            }
+            StoreSource::Changelog | StoreSource::Table => {
+                let mut spans = Vec::new();
+                for &partition in partitions {
+                    let (low, high) = consumer.fetch_watermarks(&topic, partition, timeout)?;
+                    let (start, tail) = start_of(stores.backend(), (store, partition), low, high)?;
+                    total.from_checkpoint += u64::from(tail);
+                    spans.push(Span {
+                        partition,
+                        start,
+                        high,
+                    });
+                }
+                (spans, None)
+            }
+        };
+        let read = read_to_end(
+            consumer,
+            (&topic, store, into),
+            &spans,
+            stores.backend(),
+            timeout,
+        )?;
+        total.records += read.0;
+        if source != StoreSource::Changelog {
+            tables.extend(read.1.into_iter().map(|(p, o)| (store, p, o)));
         }
-        total.records += read_to_end(consumer, &topic, store, &spans, stores.backend(), timeout)?;
+        if source == StoreSource::GlobalTable {
+            // Held whole: the mark that every partition's checkpoint now stands for it.
+            let mark = Checkpoint {
+                offset: 0,
+                at_ms: now_ms(),
+            };
+            stores
+                .backend()
+                .apply(HashMap::new(), &[((store, GLOBAL), mark)])?;
+        }
     }
     total.took = started.elapsed();
     telemetry::state_restored(partitions, total.records, total.from_checkpoint, total.took);
-    Ok(total)
+    Ok((total, tables))
+}
+
+/// Where each partition of a global table restores from: every one from its checkpoint when
+/// the table is held whole (its mark) and each checkpoint is valid, else every one from the
+/// beginning into the emptied table (its rows are not kept apart by partition). Returns the
+/// spans and how many start at a checkpoint.
+fn global_spans(
+    consumer: &RestoreConsumer,
+    topic: &str,
+    store: usize,
+    partitions: &[i32],
+    stores: &mut Stores,
+    timeout: Duration,
+) -> Result<(Vec<Span>, u64), RestoreError> {
+    let backend = stores.backend();
+    backend.open((store, GLOBAL))?;
+    let marked = backend.checkpoint((store, GLOBAL))?.is_some();
+    let mut spans = Vec::new();
+    let mut all_valid = marked;
+    for &partition in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+        let cp = backend.checkpoint((store, partition))?;
+        let start = match cp {
+            Some(cp) if valid(cp, low, high, age(cp.at_ms)) => cp.offset,
+            _ => {
+                all_valid = false;
+                low
+            }
+        };
+        spans.push(Span {
+            partition,
+            start,
+            high,
+        });
+    }
+    if all_valid {
+        let n = spans.len() as u64;
+        return Ok((spans, n));
+    }
+    backend.clear((store, GLOBAL))?;
+    backend.open((store, GLOBAL))?;
+    for s in &mut spans {
+        s.start = consumer.fetch_watermarks(topic, s.partition, timeout)?.0;
+    }
+    Ok((spans, 0))
 }
 
 /// Where a store's partition restores from, given its changelog's low and high watermarks:
@@ -157,16 +243,17 @@ fn valid(cp: Checkpoint, low: i64, high: i64, age: Duration) -> bool {
     cp.offset >= low && cp.offset <= high && age < CHECKPOINT_MAX_AGE
 }
 
-/// Reads `topic`'s partitions from their starts to their ends into `backend`, in batches, and
-/// writes each partition's checkpoint when it reaches its end; returns the records read.
+/// Reads `topic`'s partitions from their starts to their ends into store `store` of
+/// `backend` (all under partition `into` when given, else each under its own), in batches,
+/// and writes each partition's checkpoint when it reaches its end; returns the records read
+/// and the offset each partition was read to.
 fn read_to_end(
     consumer: &RestoreConsumer,
-    topic: &str,
-    store: usize,
+    (topic, store, into): (&str, usize, Option<i32>),
     spans: &[Span],
     backend: &mut dyn Backend,
     timeout: Duration,
-) -> Result<u64, RestoreError> {
+) -> Result<(u64, HashMap<i32, i64>), RestoreError> {
     let mut tpl = TopicPartitionList::new();
     for s in spans {
         tpl.add_partition_offset(topic, s.partition, Offset::Offset(s.start))?;
@@ -214,7 +301,7 @@ fn read_to_end(
                 reached.insert(msg.partition(), msg.offset() + 1);
                 if let Some(key) = msg.key() {
                     batch
-                        .entry((store, msg.partition()))
+                        .entry((store, into.unwrap_or(msg.partition())))
                         .or_default()
                         .insert(key.to_vec(), msg.payload().map(<[u8]>::to_vec));
                     batched += 1;
@@ -232,7 +319,7 @@ fn read_to_end(
     }
     telemetry::state_restoring(topic, &open, to_read, to_read);
     consumer.unassign()?;
-    Ok(read)
+    Ok((read, reached))
 }
 
 #[cfg(test)]

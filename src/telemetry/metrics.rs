@@ -49,6 +49,8 @@ pub const OUTBOX_SHARDS: &str = "onceflow_outbox_shards_owned";
 pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 pub const STATE_KEYS: &str = "onceflow_state_keys";
 pub const DEDUPE_DROPPED: &str = "onceflow_dedupe_dropped_total";
+pub const JOIN_MISSES: &str = "onceflow_join_misses_total";
+pub const TABLE_RECORDS: &str = "onceflow_table_records_read_total";
 pub const STATE_BYTES: &str = "onceflow_state_bytes";
 pub const STATE_CHANGES: &str = "onceflow_state_changes_total";
 pub const STATE_RESTORE_REMAINING: &str = "onceflow_state_restore_remaining_records";
@@ -189,6 +191,14 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         DEDUPE_DROPPED,
         "Records a dedupe step dropped as repeats of a key it remembers, committed, by store (the changelog topic).",
+    ),
+    (
+        JOIN_MISSES,
+        "Records whose key had no row in a join's table, committed, by store (the table topic).",
+    ),
+    (
+        TABLE_RECORDS,
+        "Records of a join's table read while following it (after its restore), by table topic.",
     ),
     (
         STATE_BYTES,

@@ -169,10 +169,21 @@ pub fn state_restoring(topic: &str, open: &[i32], read: u64, to_read: u64) {
     }
 }
 
-/// A transaction committed these records dropped by `dedupe` steps, by store.
-pub fn state_dropped(stores: &[String], drops: &[u64]) {
-    for (store, &n) in stores.iter().zip(drops).filter(|(_, n)| **n > 0) {
-        counter!(m::DEDUPE_DROPPED, "store" => store.clone()).increment(n);
+/// Records read from a followed table, by topic.
+pub fn table_read(topic: &str, records: u64) {
+    counter!(m::TABLE_RECORDS, "table" => topic.to_string()).increment(records);
+}
+
+/// A transaction committed these records dropped by `dedupe` steps and missed by `join`s,
+/// by store.
+pub fn state_tally(stores: &[String], tally: &[[u64; 2]]) {
+    for (store, &[dropped, missed]) in stores.iter().zip(tally) {
+        if dropped > 0 {
+            counter!(m::DEDUPE_DROPPED, "store" => store.clone()).increment(dropped);
+        }
+        if missed > 0 {
+            counter!(m::JOIN_MISSES, "store" => store.clone()).increment(missed);
+        }
     }
 }
 

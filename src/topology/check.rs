@@ -509,7 +509,8 @@ fn validate_processor(here: &str, p: &Processor, issue: &mut dyn FnMut(String, &
         | Processor::SetKey(_)
         | Processor::DropEmpty {}
         | Processor::Aggregate(_)
-        | Processor::Dedupe(_) => {}
+        | Processor::Dedupe(_)
+        | Processor::Join(_) => {}
     }
 }
 

@@ -32,7 +32,7 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, StateStore};
-pub use state::{AggregateConfig, AggregateOp, DedupeConfig};
+pub use state::{AggregateConfig, AggregateOp, DedupeConfig, JoinConfig, OnMiss, StoreSource};
 
 pub mod avro;
 pub mod http;

@@ -36,6 +36,9 @@ pub enum Processor {
     /// Passes the first record of each key and drops the ones that follow within a time
     /// (see [`super::state`]).
     Dedupe(super::state::DedupeConfig),
+    /// Looks the record's key up in a table (a compacted topic) and puts the row in a field
+    /// (see [`super::state`]).
+    Join(super::state::JoinConfig),
 }
 
 impl Processor {
@@ -53,6 +56,7 @@ impl Processor {
             Processor::DropEmpty {} => "drop_empty",
             Processor::Aggregate(_) => "aggregate",
             Processor::Dedupe(_) => "dedupe",
+            Processor::Join(_) => "join",
         }
     }
 
@@ -64,6 +68,7 @@ impl Processor {
                 | Processor::DropFields(_)
                 | Processor::Rename(_)
                 | Processor::Explode(_)
+                | Processor::Join(_)
         ) || matches!(self, Processor::Aggregate(a) if a.into.is_some())
     }
 }

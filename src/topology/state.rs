@@ -1,6 +1,8 @@
-//! Stateful steps as written in a topology file (`aggregate`, `dedupe`), and their checks. Every
-//! stateful step keeps a store, keyed by the record key, whose changes are written to a
-//! compacted changelog topic in the job's transaction ([`crate::state`]).
+//! Stateful steps as written in a topology file (`aggregate`, `dedupe`, `join`), and their
+//! checks. Every stateful step keeps a store. Those of `aggregate` and `dedupe` are keyed by
+//! the record key and their changes are written to a compacted changelog topic in the job's
+//! transaction; that of a `join` is a table read from a compacted topic, which is its own
+//! changelog ([`crate::state`]).
 
 use serde::Deserialize;
 
@@ -66,6 +68,59 @@ impl DedupeConfig {
     }
 }
 
+/// Settings of `join`: a record looks a key up in a table (a compacted topic, the last value
+/// of each key) and goes on with the match in a field of its value.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinConfig {
+    /// The store's name, unique in the topology.
+    pub name: String,
+    /// The table's topic: compacted, its values JSON, the last value of a key its row and a
+    /// tombstone its deletion.
+    pub table: String,
+    /// Every instance holds the whole table (`true`), or each holds the partitions of the
+    /// table it holds of the input (`false`, the default: the table is co-partitioned with the
+    /// input, same key and same partition count, and the record key is looked up).
+    #[serde(default)]
+    pub global: bool,
+    /// CEL, global tables only: the key to look up, e.g. `value.customer_id` (a string as its
+    /// UTF-8 bytes, a number in decimal). Default: the record key.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// The field of the record's JSON value the row goes into.
+    #[serde(rename = "as")]
+    pub into: String,
+    /// What happens to a record whose key has no row. Default: `keep`.
+    #[serde(default)]
+    pub on_miss: OnMiss,
+}
+
+/// What a `join` does with a record whose key has no row in the table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMiss {
+    /// The record goes on with `null` in the field.
+    #[default]
+    Keep,
+    /// The record is dropped.
+    Drop,
+    /// The record goes to the dead-letter topic (error kind `no_match`).
+    DeadLetter,
+}
+
+/// Where a store's state comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreSource {
+    /// The job's own changes (`aggregate`, `dedupe`), written to the store's changelog topic in
+    /// the job's transaction.
+    Changelog,
+    /// A table topic co-partitioned with the input (`join`): an instance holds partition p of
+    /// it when it holds input partition p.
+    Table,
+    /// A table topic every instance holds whole (`join` with `global: true`).
+    GlobalTable,
+}
+
 /// How `aggregate` folds a record into its key's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -110,8 +165,21 @@ impl Topology {
             .filter_map(|(i, p)| match p {
                 Processor::Aggregate(a) => Some((i, a.name.as_str())),
                 Processor::Dedupe(d) => Some((i, d.name.as_str())),
+                Processor::Join(j) => Some((i, j.name.as_str())),
                 _ => None,
             })
+    }
+
+    /// Every store's topic and where its state comes from, by store index: the changelog of
+    /// an `aggregate` or `dedupe`, the table of a `join`.
+    pub fn store_topics(&self) -> Vec<(String, StoreSource)> {
+        self.stores()
+            .map(|(i, name)| match &self.pipeline[i] {
+                Processor::Join(j) if j.global => (j.table.clone(), StoreSource::GlobalTable),
+                Processor::Join(j) => (j.table.clone(), StoreSource::Table),
+                _ => (self.changelog_topic(name), StoreSource::Changelog),
+            })
+            .collect()
     }
 
     /// The changelog topic of the store called `store`.
@@ -120,10 +188,12 @@ impl Topology {
     }
 
     /// What a stateful step needs of the topology: one input topic (a store's partition is
-    /// its input's partition), exactly-once (state written twice would count twice), and
-    /// the record key as the input's partitioning key (no `set_key` before it).
+    /// its input's partition), exactly-once when it writes state (state written twice would
+    /// count twice), and the record key as the input's partitioning key (no `set_key` before
+    /// it, but for a global table's `join`).
     pub(super) fn validate_state(&self, issue: &mut dyn FnMut(String, &str)) {
         let mut names: Vec<&str> = Vec::new();
+        let mut writes = false;
         let mut rekeyed: Option<usize> = None;
         for (i, p) in self.pipeline.iter().enumerate() {
             let here = format!("pipeline[{i}].{}", p.kind());
@@ -134,6 +204,7 @@ impl Topology {
                 }
                 Processor::Aggregate(a) => &a.name,
                 Processor::Dedupe(d) => &d.name,
+                Processor::Join(j) => &j.name,
                 _ => continue,
             };
             if !is_valid_name(name) {
@@ -148,7 +219,9 @@ impl Topology {
                 );
             }
             names.push(name);
-            if let Some(k) = rekeyed {
+            let global = matches!(p, Processor::Join(j) if j.global);
+            writes |= !matches!(p, Processor::Join(_));
+            if let (Some(k), false) = (rekeyed, global) {
                 issue(
                     here.clone(),
                     &format!(
@@ -163,6 +236,7 @@ impl Topology {
                         issue(format!("{here}.within"), &e);
                     }
                 }
+                Processor::Join(j) => validate_join(&here, j, issue),
                 _ => {}
             }
         }
@@ -175,12 +249,31 @@ impl Topology {
                 "a topology with a stateful step reads exactly one topic: its stores are kept per partition of that topic",
             );
         }
-        if self.runtime.guarantee != Guarantee::ExactlyOnce {
+        if writes && self.runtime.guarantee != Guarantee::ExactlyOnce {
             issue(
                 "runtime.guarantee".into(),
                 "must be `exactly_once` with a stateful step: under at-least-once a restart folds records into the state twice",
             );
         }
+    }
+}
+
+/// A `join`'s table and key: a co-partitioned table is looked up by the record key.
+fn validate_join(here: &str, j: &JoinConfig, issue: &mut dyn FnMut(String, &str)) {
+    if j.table.trim().is_empty() {
+        issue(format!("{here}.table"), "must name the table's topic");
+    }
+    if j.key.is_some() && !j.global {
+        issue(
+            format!("{here}.key"),
+            "a co-partitioned table is looked up by the record key, which is what put the record on its partition; to look up another key, read the table whole with `global: true`",
+        );
+    }
+    if !super::is_field_path(&j.into) {
+        issue(
+            format!("{here}.as"),
+            "a field path is one or more names separated by dots, e.g. `customer`",
+        );
     }
 }
 
@@ -318,5 +411,35 @@ mod tests {
             .map(|i| i.path)
             .collect();
         assert_eq!(found, ["inputs", "runtime.guarantee"]);
+    }
+
+    #[test]
+    fn a_join_looks_up_the_record_key_unless_its_table_is_global() {
+        let found = issues(
+            "[{join: {name: c, table: customers, key: value.customer, as: customer}}, {set_key: value.x}, {join: {name: d, table: t, as: 'a..b'}}, {join: {name: p, table: products, global: true, key: value.sku, as: product}}]",
+            "runtime: {guarantee: at_least_once}\n",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        // A join writes no state: at-least-once is fine; a global one may follow set_key.
+        assert_eq!(
+            paths,
+            [
+                "pipeline[0].join.key",
+                "pipeline[2].join",
+                "pipeline[2].join.as"
+            ],
+            "{found:#?}"
+        );
+        assert!(found[0].1.contains("global: true"), "{}", found[0].1);
+        let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline: [{join: {name: c, table: customers, as: customer}}, {join: {name: p, table: products, global: true, as: p}}, {aggregate: {name: n, op: count}}]\noutputs: [{topic: out}]\n";
+        let t = Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            t.store_topics(),
+            [
+                ("customers".to_string(), StoreSource::Table),
+                ("products".to_string(), StoreSource::GlobalTable),
+                ("t.n.changelog".to_string(), StoreSource::Changelog),
+            ]
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::aggregate::Aggregate;
 use super::dedupe::Dedupe;
 use super::expr::Expression;
+use super::join::Join;
 use super::{HeaderValue, OutputSpec, Route, Step, split};
 use crate::codec::Encoder;
 use crate::topology::{
@@ -83,6 +84,22 @@ impl<'t> Compiler<'t> {
                         None
                     }
                 }
+            }
+            Processor::Join(j) => {
+                let store = self.stores;
+                self.stores += 1;
+                let key = match &j.key {
+                    Some(src) => Some(self.expression(format!("{here}.key"), src)?),
+                    None => None,
+                };
+                Some(Step::Join(Join {
+                    store,
+                    table: j.table.clone(),
+                    global: j.global,
+                    key,
+                    into: split(&j.into),
+                    on_miss: j.on_miss,
+                }))
             }
             Processor::Aggregate(a) => self
                 .aggregate(&here, a)

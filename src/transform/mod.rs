@@ -12,6 +12,7 @@ mod compile;
 mod dedupe;
 pub mod expr;
 mod fast;
+mod join;
 
 use serde_json::Value as Json;
 
@@ -121,6 +122,7 @@ enum Step {
     /// Boxed: an aggregate's expressions make it several times the size of the others.
     Aggregate(Box<aggregate::Aggregate>),
     Dedupe(dedupe::Dedupe),
+    Join(join::Join),
 }
 
 struct Route {
@@ -350,6 +352,11 @@ impl Pipeline {
                 Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
                 Step::Dedupe(d) => {
                     if !d.apply(&work, state, &fail)? {
+                        return Ok(());
+                    }
+                }
+                Step::Join(j) => {
+                    if !j.apply(&mut work, state, &fail)? {
                         return Ok(());
                     }
                 }

@@ -318,7 +318,7 @@ impl Txn {
             }
         }
         for change in self.state.take_record() {
-            let topic = &self.state.changelogs()[change.store];
+            let topic = &self.state.topics()[change.store];
             let sent = self.collector.send_change(
                 self.producer.client(),
                 topic,
