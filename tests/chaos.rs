@@ -1,5 +1,6 @@
-//! The chaos suite: one job with a Kafka output, a PostgreSQL output (upsert with its inbox)
-//! and a dead-letter topic, run by three `onceflow run` instances on a 3-broker cluster
+//! The chaos suite: one job with keyed state (an `aggregate` counting each id's records, its
+//! changelog in the job's transactions), a Kafka output, a PostgreSQL output (upsert with its
+//! inbox) and a dead-letter topic, run by three `onceflow run` instances on a 3-broker cluster
 //! (topics of replication factor 3, `min.insync.replicas` 2), fed ids at a steady rate, one
 //! in a thousand poison, while faults of every kind hit it in a random order at random
 //! moments (seeded; the seed is printed):
@@ -21,7 +22,9 @@
 //! duplicates counted, a non-transactional marker per output partition proving no
 //! transaction hangs), exactly the expected rows in PostgreSQL, each counted once (a counter
 //! column summed by the upsert would count a record applied twice), and every poison record
-//! in the dead-letter topic exactly once (read up to markers too); and `onceflow reconcile`
+//! in the dead-letter topic exactly once (read up to markers too); the state exact: each id's
+//! records in the output carry the counts 1..n of its n input records, each once, and the
+//! changelog's last value of each id is n; and `onceflow reconcile`
 //! over the round's topology must report 0 missing, 0 duplicated, 0 hanging.
 //!
 //! Ignored by default: `scripts/chaos` starts the cluster and a PostgreSQL server of its own
@@ -606,6 +609,75 @@ fn compare(
 /// `onceflow reconcile` over the round's topology (inputs to the group's committed offsets,
 /// the Kafka output and the dead-letter topic read_committed, the table through its inbox, a
 /// marker per partition): anything but 0 missing, 0 duplicated and 0 hanging is a problem.
+/// The state, exact: the counts the output's records of each id carry are 1..n for its n
+/// input records, each once, and the changelog's last value of each id is n (`count(id)`;
+/// poison ids, `good(id)` 0, are never counted).
+fn check_state(
+    output: &str,
+    changelog: &str,
+    count: &dyn Fn(u64) -> u32,
+    good: &dyn Fn(u64) -> u32,
+    problems: &mut Vec<String>,
+) -> String {
+    let mut counts: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    match try_read_records(output, PARTITIONS, "read_committed") {
+        Ok(records) => {
+            for r in &records {
+                let id = r.key.as_deref().and_then(|k| k.parse::<u64>().ok());
+                let copies = r
+                    .value
+                    .as_deref()
+                    .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+                    .and_then(|v| v["copies"].as_u64());
+                match (id, copies) {
+                    (Some(id), Some(c)) => counts.entry(id).or_default().push(c),
+                    _ => problems.push(format!("output record without an id or a count: {r:?}")),
+                }
+            }
+        }
+        Err(e) => problems.push(format!("state: the output: {e}")),
+    }
+    let mut wrong = Vec::new();
+    for (id, got) in &mut counts {
+        got.sort_unstable();
+        if *got != (1..=u64::from(good(*id))).collect::<Vec<_>>() {
+            wrong.push(format!("{id}: counts {got:?} for {} records", count(*id)));
+        }
+    }
+    let last: BTreeMap<u64, u64> = read_compacted_records(changelog, PARTITIONS)
+        .into_iter()
+        .filter_map(|r| Some((r.key?.parse().ok()?, r.value?.parse().ok()?)))
+        .collect();
+    let mut stale = Vec::new();
+    for (id, n) in &last {
+        if *n != u64::from(good(*id)) {
+            stale.push(format!("{id}: {n} for {} records", good(*id)));
+        }
+    }
+    let uncounted = counts.keys().filter(|id| !last.contains_key(id)).count();
+    if !wrong.is_empty() {
+        problems.push(format!(
+            "state: {} ids whose output counts are not 1..n (first: {:?})",
+            wrong.len(),
+            &wrong[..wrong.len().min(5)]
+        ));
+    }
+    if !stale.is_empty() || uncounted > 0 {
+        problems.push(format!(
+            "state: the changelog disagrees with the input for {} ids (first: {:?}), {uncounted} output ids missing from it",
+            stale.len(),
+            &stale[..stale.len().min(5)]
+        ));
+    }
+    format!(
+        "state (aggregate count per id): {} ids with counts 1..n in the output, {} wrong; changelog {} ids, {} wrong",
+        counts.len() - wrong.len(),
+        wrong.len(),
+        last.len(),
+        stale.len() + uncounted
+    )
+}
+
 fn reconcile(topology: &Path, pg_url: &str, problems: &mut Vec<String>) -> String {
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .arg("reconcile")
@@ -680,6 +752,7 @@ inputs:
   - {{topic: {input}, codec: json}}
 pipeline:
   - map: {{doubled: 'value.one * 2'}}
+  - aggregate: {{name: copies, op: count, as: copies}}
   - route: {{routes: [{{when: 'true', to: [out, db]}}], default: [out]}}
 outputs:
   - {{name: out, topic: {output}}}
@@ -695,6 +768,7 @@ dead_letter: {{topic: {dlq}}}
 runtime:
   session_timeout_ms: {SESSION_TIMEOUT_MS}
   group_protocol: {}
+  state_dir: ${{ONCEFLOW_STATE_DIR:-onceflow-state}}
 ",
         group_protocol()
     )
@@ -735,6 +809,7 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     let mut fleet = Fleet::new(&topology_path, &dir, &ids, origin);
     fleet.prefix = "chaos";
     fleet.env = vec![(PG_URL_ENV.to_string(), cfg.pg_url.clone())];
+    fleet.state_root = Some(dir.join("state"));
     let mut round = Round {
         cfg,
         reader: Reader::start(&output),
@@ -930,6 +1005,13 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         }
         Err(e) => problems.push(format!("dead-letter topic: {e}")),
     }
+    verdict.found.push(check_state(
+        &output,
+        &format!("{name}.copies.changelog"),
+        &count,
+        &good,
+        &mut problems,
+    ));
     match connect(&cfg.pg_url).and_then(|db| rows(&db, &table)) {
         Ok(rows) => {
             // A row's counter is the number of records applied to it.
@@ -1135,7 +1217,7 @@ fn chaos_rounds() {
         cfg.seed
     );
     let header = format!(
-        "# Chaos rounds\n\n- seed {} (round n runs with seed + n)\n- job: JSON input, `map` (`value.one * 2`), a Kafka output and a PostgreSQL upsert output (inbox, counter column), a dead-letter topic; {INSTANCES} instances, session_timeout_ms {SESSION_TIMEOUT_MS}, group protocol {}\n- topics of {PARTITIONS} partitions (dead-letter {DLQ_PARTITIONS}), replication factor 3, min.insync.replicas 2, on brokers {brokers:?}\n- {} ids/s, at least {} per round, 1 in 1000 poison; each kind {} time(s) per round\n- machine: {} cores, load average at start {}\n",
+        "# Chaos rounds\n\n- seed {} (round n runs with seed + n)\n- job: JSON input, `map` (`value.one * 2`), `aggregate` (count per id, changelog in the transaction), a Kafka output and a PostgreSQL upsert output (inbox, counter column), a dead-letter topic; {INSTANCES} instances, session_timeout_ms {SESSION_TIMEOUT_MS}, group protocol {}\n- topics of {PARTITIONS} partitions (dead-letter {DLQ_PARTITIONS}), replication factor 3, min.insync.replicas 2, on brokers {brokers:?}\n- {} ids/s, at least {} per round, 1 in 1000 poison; each kind {} time(s) per round\n- machine: {} cores, load average at start {}\n",
         cfg.seed,
         group_protocol(),
         cfg.rate,

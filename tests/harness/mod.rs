@@ -698,6 +698,12 @@ pub struct Fleet {
     pub env: Vec<(String, String)>,
     /// What the harness's notes on stderr begin with.
     pub prefix: &'static str,
+    /// Where the members keep their state stores, given to each as `ONCEFLOW_STATE_DIR`: a
+    /// folder per id, and a new one for a member started while its detached predecessor
+    /// may still live (a zombie's replacement, as a pod on a new volume).
+    pub state_root: Option<PathBuf>,
+    /// How many times each member was detached.
+    detached: Vec<u32>,
 }
 
 impl Fleet {
@@ -717,6 +723,8 @@ impl Fleet {
             origin,
             env: Vec::new(),
             prefix: "recovery",
+            state_root: None,
+            detached: vec![0; ids.len()],
         }
     }
 
@@ -743,6 +751,10 @@ impl Fleet {
             .args(["--bootstrap-servers", &bootstrap(), "--instance-id", &id])
             .args(["--progress-secs", "0", "--log-json"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.state_root.as_ref().map(|root| {
+                let dir = root.join(format!("{id}.{}", self.detached[i]));
+                ("ONCEFLOW_STATE_DIR", dir)
+            }))
             .env(
                 "RUST_LOG",
                 std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "info".into()),
@@ -785,6 +797,7 @@ impl Fleet {
     /// supervised. Its log goes on to the same file and events.
     pub fn detach(&mut self, i: usize) -> Option<KillOnDrop> {
         self.members[i].wanted = false;
+        self.detached[i] += 1;
         self.members[i].child.take()
     }
 
