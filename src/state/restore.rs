@@ -133,7 +133,7 @@ pub fn restore(
             StoreSource::Changelog | StoreSource::Table => {
                 let mut spans = Vec::new();
                 for &partition in partitions {
-                    let (low, high) = consumer.fetch_watermarks(&topic, partition, timeout)?;
+                    let (low, high) = watermarks(consumer, &topic, partition, timeout)?;
                     let (start, tail) = start_of(stores.backend(), (store, partition), low, high)?;
                     total.from_checkpoint += u64::from(tail);
                     spans.push(Span {
@@ -190,7 +190,7 @@ fn global_spans(
     let mut spans = Vec::new();
     let mut all_valid = marked;
     for &partition in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
+        let (low, high) = watermarks(consumer, topic, partition, timeout)?;
         let cp = backend.checkpoint((store, partition))?;
         let start = match cp {
             Some(cp) if valid(cp, low, high, age(cp.at_ms)) => cp.offset,
@@ -212,9 +212,37 @@ fn global_spans(
     backend.clear((store, GLOBAL))?;
     backend.open((store, GLOBAL))?;
     for s in &mut spans {
-        s.start = consumer.fetch_watermarks(topic, s.partition, timeout)?.0;
+        s.start = watermarks(consumer, topic, s.partition, timeout)?.0;
     }
     Ok((spans, 0))
+}
+
+/// Whether a consumer error event is transient (a broker down or moving): the client
+/// recovers by itself.
+pub(crate) fn is_transient(e: &KafkaError) -> bool {
+    !matches!(e, KafkaError::MessageConsumptionFatal(_))
+}
+
+/// A partition's low and high watermarks, asked again while the broker is unreachable
+/// (a broker restarting), for at most `timeout`.
+fn watermarks(
+    consumer: &RestoreConsumer,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<(i64, i64), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_watermarks(topic, partition, left.max(Duration::from_secs(1))) {
+            Ok(w) => return Ok(w),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) => {
+                telemetry::restore_client_error(&e, "watermarks");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 /// Where a store's partition restores from, given its changelog's low and high watermarks:
@@ -294,6 +322,9 @@ fn read_to_end(
                 backend.apply(std::mem::take(&mut batch), &[((store, p), cp)])?;
                 batched = 0;
             }
+            // A broker going away is a transient error event: the client reconnects, and
+            // the deadline bounds a restore that gets nowhere.
+            Some(Err(e)) if is_transient(&e) => telemetry::restore_client_error(&e, "restore"),
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(msg)) => {
                 read += 1;

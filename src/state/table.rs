@@ -142,6 +142,11 @@ impl Follower {
             let msg = match consumer.poll(Duration::ZERO) {
                 None => break,
                 Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                // A broker going away: the client reconnects by itself.
+                Some(Err(e)) if super::restore::is_transient(&e) => {
+                    crate::telemetry::restore_client_error(&e, "table");
+                    break;
+                }
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(msg)) => msg,
             };
