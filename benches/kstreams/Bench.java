@@ -1,5 +1,6 @@
 // The Kafka Streams peer of `onceflow-bench`: the same pass-through map from one topic to
-// another, under exactly_once_v2, with the settings the bench passes so both sides match
+// another (or with `--workload count-by-key`, `groupByKey().count()` with its record cache
+// off, so that every update is emitted as onceflow's `aggregate` does), under exactly_once_v2, with the settings the bench passes so both sides match
 // (commit interval, stream threads, producer linger.ms and batch.size).
 //
 // Run with the libraries that benches/kstreams/fetch downloads (no build needed):
@@ -34,6 +35,7 @@ import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
 import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.processor.internals.DefaultKafkaClientSupplier;
 
@@ -117,11 +119,21 @@ public class Bench {
         p.put(StreamsConfig.producerPrefix(ProducerConfig.BATCH_SIZE_CONFIG), need(a, "batch-size"));
 
         StreamsBuilder builder = new StreamsBuilder();
-        // The bulk input and the latency probe's topic, each mapped to the output.
-        for (String topic : List.of(input, probe)) {
-            builder.stream(topic, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
-                    .mapValues(v -> v)
-                    .to(output, Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+        if (a.getOrDefault("workload", "pass-through").equals("count-by-key")) {
+            // Every update emitted, as onceflow's aggregate does: no record cache.
+            p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
+            builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                    .groupByKey(Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                    .count()
+                    .toStream()
+                    .to(output, Produced.with(Serdes.ByteArray(), Serdes.Long()));
+        } else {
+            // The bulk input and the latency probe's topic, each mapped to the output.
+            for (String topic : List.of(input, probe)) {
+                builder.stream(topic, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                        .mapValues(v -> v)
+                        .to(output, Produced.with(Serdes.ByteArray(), Serdes.ByteArray()));
+            }
         }
 
         KafkaStreams streams = new KafkaStreams(builder.build(), p, new Supplier());

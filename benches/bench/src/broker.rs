@@ -108,7 +108,7 @@ pub(crate) fn warm_up(
         &topic,
         0..records,
         None,
-        cfg.record_size,
+        cfg.shape(),
         cfg.tuning,
         &|_| {},
     )

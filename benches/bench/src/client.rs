@@ -58,7 +58,10 @@ pub fn run_client(
                 topic,
                 0..*records,
                 None,
-                record_size,
+                crate::kafka::RecordShape {
+                    size: record_size,
+                    keys: None,
+                },
                 tuning,
                 &|_| {},
             )?;

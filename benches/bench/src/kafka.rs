@@ -97,26 +97,37 @@ fn finish(producer: &BaseProducer<Failures>) -> Result<(), BenchError> {
     }
 }
 
-/// Writes records of `size` bytes (keys: the decimal `ids`) with an idempotent producer, all
-/// of them or as many as fit before `until`, whichever comes first, and
-/// returns how many it wrote and how long it took until every one was acknowledged.
+/// What the preloaded records look like.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordShape {
+    /// Value bytes.
+    pub size: usize,
+    /// Keys are the decimal ids modulo this (the count-by-key workload's distinct keys);
+    /// `None`: the ids themselves.
+    pub keys: Option<u64>,
+}
+
+/// Writes records of `shape` (keys: the decimal `ids`, or those modulo its key count) with
+/// an idempotent producer, all of them or as many as fit before `until`, whichever comes
+/// first, and returns how many it wrote and how long it took until every one was
+/// acknowledged.
 pub fn preload(
     bootstrap: &str,
     topic: &str,
     ids: std::ops::Range<u64>,
     until: Option<Instant>,
-    size: usize,
+    shape: RecordShape,
     tuning: ProducerTuning,
     progress: &dyn Fn(u64),
 ) -> Result<(u64, Duration), BenchError> {
     let producer = producer(bootstrap, tuning)?;
-    let value = value_of(size);
+    let value = value_of(shape.size);
     let started = Instant::now();
     let mut key = String::new();
     let mut written = 0u64;
     for id in ids {
         key.clear();
-        key.push_str(&id.to_string());
+        key.push_str(&shape.keys.map_or(id, |k| id % k.max(1)).to_string());
         send_all(
             &producer,
             BaseRecord::to(topic)

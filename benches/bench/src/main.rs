@@ -118,6 +118,14 @@ struct BenchArgs {
     client_topic: Option<String>,
     #[arg(long, hide = true)]
     client_output: Option<String>,
+    /// What the pipelines do: `pass-through`, or `count-by-key` (onceflow's `aggregate`
+    /// count against Kafka Streams' `groupByKey().count()`, exactly-once only, no latency
+    /// probe: a stateful topology reads one topic).
+    #[arg(long, value_enum, default_value = "pass-through")]
+    workload: bench::plan::Workload,
+    /// Distinct keys of the count-by-key input (the ids modulo this).
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
     /// Where to write bench.csv, bench.md and throughput.svg.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -269,13 +277,19 @@ fn run(args: BenchArgs) -> anyhow::Result<()> {
             linger_ms: args.linger_ms,
             batch_size: args.batch_size,
         },
-        probe_rate: args.probe_rate,
+        probe_rate: if args.workload == bench::plan::Workload::CountByKey {
+            0
+        } else {
+            args.probe_rate
+        },
         probe_secs: args.probe_secs,
         probe_load: args.probe_load,
         kafka_perf: !args.no_kafka_perf,
         fill_page_cache: !args.no_page_cache_fill,
         cell_timeout: Duration::from_secs(args.cell_timeout_secs),
         rounds: args.rounds,
+        workload: args.workload,
+        keys: args.keys,
         command: command_line(),
         out_dir: args.out,
     };

@@ -63,13 +63,36 @@ pub struct BenchConfig {
     pub cell_timeout: Duration,
     /// Rounds: every mode of a partition count runs once per round, in plan order.
     pub rounds: u32,
+    /// What the pipelines do.
+    pub workload: Workload,
+    /// Distinct keys of the count-by-key workload's input.
+    pub keys: u64,
     /// The command line, for the report.
     pub command: String,
     /// Where bench.csv, bench.md and throughput.svg go.
     pub out_dir: PathBuf,
 }
 
+/// What the pipelines under test do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// Every record mapped to the output unchanged.
+    PassThrough,
+    /// Records counted per key (`aggregate` count; Kafka Streams `groupByKey().count()` with
+    /// its record cache off, so both emit every update), the store's changelog in the
+    /// transaction.
+    CountByKey,
+}
+
 impl BenchConfig {
+    /// What the preloaded records look like.
+    pub(crate) fn shape(&self) -> crate::kafka::RecordShape {
+        crate::kafka::RecordShape {
+            size: self.record_size,
+            keys: (self.workload == Workload::CountByKey).then_some(self.keys),
+        }
+    }
+
     pub(crate) fn repo_dir(&self) -> Result<&Path, BenchError> {
         self.repo_dir.as_deref().ok_or_else(|| {
             BenchError::Other(
@@ -296,8 +319,18 @@ impl CellResult {
     }
 }
 
-/// The cells of every round, at every partition count, in order.
+/// The cells of every round, at every partition count, in order. Counting by key runs the
+/// exactly-once pipelines only (state needs exactly-once; the ceilings move records, they
+/// count nothing).
 pub fn plan(cfg: &BenchConfig) -> Vec<Spec> {
+    let mut specs = plan_all(cfg);
+    if cfg.workload == Workload::CountByKey {
+        specs.retain(|s| matches!(s.kind, Kind::Eos | Kind::KStreams));
+    }
+    specs
+}
+
+fn plan_all(cfg: &BenchConfig) -> Vec<Spec> {
     let mut specs = vec![
         Spec::of(Kind::Produce),
         Spec::of(Kind::Rpw),
@@ -364,5 +397,18 @@ mod tests {
             "kstreams-eos-100ms"
         );
         assert_eq!(s(Kind::Produce, None, 1).label(), "produce-only");
+    }
+
+    #[test]
+    fn counting_by_key_runs_the_exactly_once_pipelines_on_keys_modulo_the_key_count() {
+        let mut cfg = crate::report::tests::cfg();
+        let all: Vec<String> = plan(&cfg).iter().map(Spec::label).collect();
+        assert!(all.contains(&"rpw-ceiling".to_string()), "{all:?}");
+        assert_eq!(cfg.shape().keys, None);
+        cfg.workload = Workload::CountByKey;
+        cfg.keys = 100_000;
+        let counting: Vec<String> = plan(&cfg).iter().map(Spec::label).collect();
+        assert_eq!(counting, ["eos-100ms", "kstreams-eos-100ms"]);
+        assert_eq!(cfg.shape().keys, Some(100_000));
     }
 }

@@ -796,6 +796,8 @@ pub(super) mod tests {
                 linger_ms: 5,
                 batch_size: 1,
             },
+            workload: crate::plan::Workload::PassThrough,
+            keys: 1,
             probe_rate: 0,
             probe_secs: 0.0,
             probe_load: None,

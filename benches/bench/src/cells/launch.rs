@@ -9,7 +9,7 @@ use super::CellCtx;
 use crate::BenchError;
 use crate::client::CLIENT_READY;
 use crate::kstreams::java;
-use crate::plan::{Kind, Spec};
+use crate::plan::{Kind, Spec, Workload};
 use crate::procs::Proc;
 
 impl CellCtx<'_> {
@@ -103,6 +103,7 @@ impl CellCtx<'_> {
             .args(["--threads", "1"])
             .args(["--linger-ms", &cfg.tuning.linger_ms.to_string()])
             .args(["--batch-size", &cfg.tuning.batch_size.to_string()])
+            .args(["--workload", workload_name(cfg.workload)])
             .arg("--state-dir")
             .arg(dir.join("state"));
         Ok(vec![Proc::spawn(
@@ -129,15 +130,28 @@ impl CellCtx<'_> {
             "exactly_once"
         };
         let overlap = spec.kind == Kind::EosOverlap;
+        // Counting by key: one input (a store is kept per partition of it), the count as
+        // the value, the store on disk in the cell's folder.
+        let (inputs, pipeline, state) = match cfg.workload {
+            Workload::PassThrough => (
+                format!("{}, {{topic: {probe}}}", topic(self.input)),
+                "",
+                String::new(),
+            ),
+            Workload::CountByKey => (
+                topic(self.input),
+                "pipeline: [{aggregate: {name: counts, op: count}}]\n",
+                format!("  state_dir: {}\n", dir.join("state").display()),
+            ),
+        };
         // The commit interval alone decides when a transaction commits, as in Kafka Streams.
         let yaml = format!(
-            "name: {name}\ninputs: [{{topic: {input}}}, {{topic: {probe}}}]\noutputs: [{{topic: {output}}}]\n\
-             runtime:\n  guarantee: {guarantee}\n  commit_interval_ms: {commit_ms}\n  \
+            "name: {name}\ninputs: [{inputs}]\n{pipeline}outputs: [{{topic: {output}}}]\n\
+             runtime:\n{state}  guarantee: {guarantee}\n  commit_interval_ms: {commit_ms}\n  \
              overlap_commits: {overlap}\n  \
              max_records_per_txn: 100000000\n  max_bytes_per_txn: 100000000000\n  \
              transaction_timeout_ms: {timeout}\n  session_timeout_ms: 10000\n\
              kafka:\n  producer:\n    linger.ms: '{linger}'\n    batch.size: '{batch}'\n",
-            input = self.input,
             timeout = (commit_ms * 10).max(10_000),
             linger = cfg.tuning.linger_ms,
             batch = cfg.tuning.batch_size,
@@ -163,5 +177,18 @@ impl CellCtx<'_> {
                 )
             })
             .collect()
+    }
+}
+
+/// A topic in a topology's `inputs`.
+fn topic(name: &str) -> String {
+    format!("{{topic: {name}}}")
+}
+
+/// The workload as the Kafka Streams peer's `--workload` names it.
+fn workload_name(w: Workload) -> &'static str {
+    match w {
+        Workload::PassThrough => "pass-through",
+        Workload::CountByKey => "count-by-key",
     }
 }

@@ -209,7 +209,7 @@ impl CellCtx<'_> {
                 self.input,
                 0..n,
                 None,
-                cfg.record_size,
+                cfg.shape(),
                 cfg.tuning,
                 &progress,
             )?;
@@ -222,7 +222,7 @@ impl CellCtx<'_> {
             self.input,
             0..cfg.max_records,
             Some(Instant::now() + sizing),
-            cfg.record_size,
+            cfg.shape(),
             cfg.tuning,
             &progress,
         )?;
@@ -267,7 +267,7 @@ impl CellCtx<'_> {
             self.input,
             first..want,
             None,
-            cfg.record_size,
+            cfg.shape(),
             cfg.tuning,
             &|n| progress(first + n),
         )?;
@@ -297,7 +297,7 @@ impl CellCtx<'_> {
             self.input,
             from..want,
             None,
-            cfg.record_size,
+            cfg.shape(),
             cfg.tuning,
             &|n| {
                 self.bar
