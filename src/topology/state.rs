@@ -39,8 +39,9 @@ pub struct AggregateConfig {
     pub into: Option<String>,
 }
 
-/// Settings of `dedupe`: passes the first record of each key, and drops the records of that
-/// key that follow within `within` of it (by the records' timestamps).
+/// Settings of `dedupe`: passes the first record of each id (the record key unless `id` says
+/// otherwise), and drops the records of that id that follow within `within` of it (by the
+/// records' timestamps).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupeConfig {
@@ -52,6 +53,12 @@ pub struct DedupeConfig {
     /// Default: for ever.
     #[serde(default)]
     pub within: Option<String>,
+    /// CEL: the id remembered, e.g. `headers["message-id"]` or `value.event_id` (a string as
+    /// its UTF-8 bytes, a number in decimal). Default: the record key. Remembered per input
+    /// partition: the copies of an event must share its record key, as a producer's retries
+    /// and an outbox relay's replays do.
+    #[serde(default)]
+    pub id: Option<String>,
 }
 
 impl DedupeConfig {

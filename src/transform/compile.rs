@@ -74,8 +74,16 @@ impl<'t> Compiler<'t> {
             Processor::Dedupe(d) => {
                 let store = self.stores;
                 self.stores += 1;
+                let id = match &d.id {
+                    Some(src) => Some(self.expression(format!("{here}.id"), src)?),
+                    None => None,
+                };
                 match d.within_ms() {
-                    Ok(within_ms) => Some(Step::Dedupe(Dedupe { store, within_ms })),
+                    Ok(within_ms) => Some(Step::Dedupe(Dedupe {
+                        store,
+                        within_ms,
+                        id,
+                    })),
                     Err(message) => {
                         self.issues.push(ConfigIssue {
                             path: format!("{here}.within"),

@@ -1,9 +1,10 @@
-//! `dedupe`: the first record of each key passes and is remembered in a store
-//! ([`crate::state`]) with its timestamp; a record of a remembered key within the window
-//! is dropped. The decision ([`seen_within`]) is a pure function of the remembered time
+//! `dedupe`: the first record of each id (the record key, or a CEL expression's value) passes
+//! and is remembered in a store ([`crate::state`]) with its timestamp; a record of a
+//! remembered id within the window is dropped. The decision ([`seen_within`]) is a pure function of the remembered time
 //! and the record's.
 
-use super::Work;
+use super::expr::Expression;
+use super::{Work, eval_bytes};
 use crate::record::{ErrorKind, RecordError};
 use crate::state::KeyedState;
 
@@ -13,6 +14,8 @@ pub(super) struct Dedupe {
     pub store: usize,
     /// How long a key is remembered, in milliseconds; `None`: for ever.
     pub within_ms: Option<i64>,
+    /// The id remembered; `None`: the record key.
+    pub id: Option<Expression>,
 }
 
 impl Dedupe {
@@ -20,15 +23,21 @@ impl Dedupe {
     /// then remembered. A dropped record is counted with the transaction that commits it.
     pub fn apply(
         &self,
-        work: &Work<'_>,
+        work: &mut Work<'_>,
         state: &mut dyn KeyedState,
         fail: &impl Fn(ErrorKind, String) -> RecordError,
     ) -> Result<bool, RecordError> {
-        let Some(key) = work.key.as_deref() else {
-            return Err(fail(
-                ErrorKind::MissingField,
-                "the record has no key: `dedupe` remembers record keys".into(),
-            ));
+        let id = match &self.id {
+            Some(e) => eval_bytes(e, work, fail)?,
+            None => work.key.clone(),
+        };
+        let Some(key) = id.as_deref() else {
+            let what = if self.id.is_some() {
+                "the record's id is null: `dedupe` remembers ids"
+            } else {
+                "the record has no key: `dedupe` remembers record keys (or set `id`)"
+            };
+            return Err(fail(ErrorKind::MissingField, what.into()));
         };
         let partition = work.origin.partition;
         let now = work.timestamp.unwrap_or(0);
@@ -131,6 +140,48 @@ mod tests {
         ];
         assert_eq!(passed("", &records), ["a", "b"]);
         assert_eq!(passed(", within: 1m", &records), ["a", "b", "a"]);
+    }
+
+    /// Records (key, message-id header) through `dedupe` by `id`; the ids that passed.
+    fn passed_by_header(records: &[(&str, &str)]) -> Vec<String> {
+        let yaml = "name: t\ninputs: [{topic: in}]\npipeline: [{dedupe: {name: seen, id: 'headers[\"message-id\"]'}}]\noutputs: [{topic: out}]\n";
+        let t = Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let p = Pipeline::compile(&t).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut state = Stores::default();
+        let mut ids = Vec::new();
+        for (key, id) in records {
+            let mut out = Vec::new();
+            state.begin_record();
+            let record = Record {
+                key: Some(key.as_bytes().to_vec()),
+                value: Some(b"x".to_vec()),
+                headers: vec![("message-id".into(), id.as_bytes().to_vec())],
+                timestamp: Some(0),
+                origin: Origin {
+                    topic: "in".into(),
+                    partition: 0,
+                    offset: 0,
+                },
+            };
+            p.process_with(record, &mut state, &mut out)
+                .expect("process");
+            let _ = state.take_record();
+            state.commit().expect("a memory store");
+            ids.extend(out.iter().map(|_| id.to_string()));
+        }
+        ids
+    }
+
+    #[test]
+    fn an_id_expression_dedupes_events_of_one_key_by_their_message_id() {
+        let records = [
+            ("order-1", "m1"),
+            ("order-1", "m2"),
+            ("order-1", "m1"),
+            ("order-2", "m3"),
+            ("order-2", "m3"),
+        ];
+        assert_eq!(passed_by_header(&records), ["m1", "m2", "m3"]);
     }
 
     #[test]

@@ -351,7 +351,7 @@ impl Pipeline {
                 }
                 Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
                 Step::Dedupe(d) => {
-                    if !d.apply(&work, state, &fail)? {
+                    if !d.apply(&mut work, state, &fail)? {
                         return Ok(());
                     }
                 }
