@@ -376,8 +376,46 @@ fn plan_all(cfg: &BenchConfig) -> Vec<Spec> {
 /// Cores of other work in a cell's window past which the cell counts as noisy.
 pub const NOISE_CORES: f64 = 0.25;
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A configuration for tests: a probe-sized input, 5 s of warm-up and 15 s measured.
+    pub(crate) fn cfg() -> BenchConfig {
+        BenchConfig {
+            bootstrap_servers: None,
+            repo_dir: None,
+            onceflow_bin: "onceflow".into(),
+            client_bin: "onceflow-bench".into(),
+            partitions: vec![1],
+            records: None,
+            max_records: 1,
+            record_size: 1024,
+            warmup_secs: 5.0,
+            measure_secs: 15.0,
+            alos_commit_ms: 100,
+            eos_commit_ms: vec![100],
+            eos_overlap_commit_ms: vec![],
+            kstreams_commit_ms: vec![100],
+            java_opts: vec![],
+            instances: vec![1],
+            tuning: crate::ProducerTuning {
+                linger_ms: 5,
+                batch_size: 1,
+            },
+            workload: Workload::PassThrough,
+            keys: 1,
+            probe_rate: 0,
+            probe_secs: 0.0,
+            probe_load: None,
+            kafka_perf: false,
+            fill_page_cache: true,
+            cell_timeout: std::time::Duration::from_secs(1),
+            rounds: 3,
+            command: "onceflow-bench".into(),
+            out_dir: "out".into(),
+        }
+    }
+
 
     #[test]
     fn labels_name_mode_interval_and_instances() {
@@ -401,7 +439,7 @@ mod tests {
 
     #[test]
     fn counting_by_key_runs_the_exactly_once_pipelines_on_keys_modulo_the_key_count() {
-        let mut cfg = crate::report::tests::cfg();
+        let mut cfg = cfg();
         let all: Vec<String> = plan(&cfg).iter().map(Spec::label).collect();
         assert!(all.contains(&"rpw-ceiling".to_string()), "{all:?}");
         assert_eq!(cfg.shape().keys, None);

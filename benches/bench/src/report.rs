@@ -770,45 +770,9 @@ fn plot_points(results: &[CellResult], ps: &[i32], spec: Spec, dx: f64) -> Vec<(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-
-    /// A configuration for tests: a probe-sized input, 5 s of warm-up and 15 s measured.
-    pub(crate) fn cfg() -> BenchConfig {
-        BenchConfig {
-            bootstrap_servers: None,
-            repo_dir: None,
-            onceflow_bin: "onceflow".into(),
-            client_bin: "onceflow-bench".into(),
-            partitions: vec![1],
-            records: None,
-            max_records: 1,
-            record_size: 1024,
-            warmup_secs: 5.0,
-            measure_secs: 15.0,
-            alos_commit_ms: 100,
-            eos_commit_ms: vec![100],
-            eos_overlap_commit_ms: vec![],
-            kstreams_commit_ms: vec![100],
-            java_opts: vec![],
-            instances: vec![1],
-            tuning: crate::ProducerTuning {
-                linger_ms: 5,
-                batch_size: 1,
-            },
-            workload: crate::plan::Workload::PassThrough,
-            keys: 1,
-            probe_rate: 0,
-            probe_secs: 0.0,
-            probe_load: None,
-            kafka_perf: false,
-            fill_page_cache: true,
-            cell_timeout: std::time::Duration::from_secs(1),
-            rounds: 3,
-            command: "onceflow-bench".into(),
-            out_dir: "out".into(),
-        }
-    }
+    use crate::plan::tests::cfg;
 
     /// A successful cell: `rate` records/s over a 20 s window, 2 CPU-seconds in it.
     fn cell(spec: Spec, round: u32, rate: f64) -> CellResult {

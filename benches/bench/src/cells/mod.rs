@@ -354,7 +354,7 @@ mod tests {
 
     #[test]
     fn an_input_grows_to_a_cell_that_outran_it_and_never_when_fixed() {
-        let mut cfg = report::tests::cfg();
+        let mut cfg = crate::plan::tests::cfg();
         cfg.max_records = 6_000_000;
         // 100,000 records/s for 5 + 15 s, with the margin of 1.6.
         assert_eq!(top_up_to(100_000.0, 1_000_000, &cfg), Some(3_200_000));

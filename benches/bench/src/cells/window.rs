@@ -275,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_probe_at_a_share_of_load_follows_the_measured_rate() {
-        let mut cfg = crate::report::tests::cfg();
+        let mut cfg = crate::plan::tests::cfg();
         cfg.probe_rate = 500;
         assert_eq!(probe_rate(&cfg, Some(150_000.0)), 500, "a fixed rate");
         cfg.probe_load = Some(0.5);
