@@ -426,3 +426,88 @@ fn a_paused_zombie_never_lands_a_state_write() {
     terminate(replacement);
     assert_exact(&s, &ids);
 }
+
+/// `emit: per_commit`: each transaction emits a key once, with its latest count, carried by
+/// the key's last record in it (re-keyed by its id afterwards). Across SIGKILLs, read with
+/// read_committed: every emitted count is exactly the number of the key's records up to the
+/// one that carries it, no count is emitted twice, each key ends at its number of records;
+/// far fewer outputs than inputs; the changelog holds every count.
+#[test]
+fn per_commit_emits_each_key_once_per_transaction_with_its_latest_count() {
+    let s = setup_pipeline(
+        "state-per-commit",
+        "  - aggregate: {name: counts, op: count, as: count, emit: per_commit}\n  - set_key: string(value.id)\n",
+        "",
+    );
+    let ids: BTreeSet<u64> = (0..40_000).collect();
+    let expected = expected_counts(&ids);
+    let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
+    kill_mid_run(
+        &|| spawn_job(&s.topology, "state-0", &[]),
+        &s.output,
+        PARTITIONS,
+        ids.len(),
+        3,
+    );
+    feeder.join().expect("feeder");
+    let child = spawn_job(&s.topology, "state-0", &[]);
+    // key -> its emitted (count, id), until every key reached its count.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let emitted = loop {
+        let mut emitted: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+        for r in read_records(&s.output, PARTITIONS, "read_committed") {
+            let value: serde_json::Value =
+                serde_json::from_str(r.value.as_deref().expect("a value")).expect("JSON");
+            let id = value["id"].as_u64().expect("an id");
+            let count = value["count"].as_u64().expect("a count");
+            emitted.entry(key_of(id)).or_default().push((count, id));
+        }
+        let reached = |k: &String, n: &u64| {
+            emitted
+                .get(k)
+                .is_some_and(|e| e.iter().any(|&(count, _)| count == *n))
+        };
+        if expected.iter().all(|(k, n)| reached(k, n)) || std::time::Instant::now() > deadline {
+            break emitted;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    terminate(child);
+    let outputs: usize = emitted.values().map(Vec::len).sum();
+    let mut wrong = Vec::new();
+    for (key, n) in &expected {
+        let mut got = emitted.get(key).cloned().unwrap_or_default();
+        got.sort_unstable();
+        // The ids of a key are key, key + KEYS, ...: the record with id i is its key's
+        // (i / KEYS + 1)-th.
+        let exact = got.iter().all(|&(count, id)| count == id / KEYS + 1);
+        let once = got.windows(2).all(|w| w[0].0 < w[1].0);
+        if !exact || !once || got.last().map(|e| e.0) != Some(*n) {
+            wrong.push(format!("{key}: {n} records, emitted (count, id) {got:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} keys wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    assert!(
+        outputs * 4 < ids.len(),
+        "{outputs} outputs for {} records: the transactions' updates were not coalesced",
+        ids.len()
+    );
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for r in read_compacted_records(&s.changelog, PARTITIONS) {
+        let count = r
+            .value
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("a count");
+        last.insert(r.key.expect("a key"), count);
+    }
+    assert_eq!(
+        last, expected,
+        "the changelog's state differs from the input's counts"
+    );
+}

@@ -289,6 +289,8 @@ struct Job<'t> {
     dead_letter_checked: bool,
     metadata_timeout: Duration,
     max_message_bytes: usize,
+    /// An `aggregate` emits once per key per commit: outputs are held, the latest per key.
+    coalesce: bool,
     injected_failures: u64,
     paused: Paused,
     /// What the pipeline made of the record at hand: (output index, record).
@@ -365,6 +367,7 @@ impl<'t> Job<'t> {
             dead_letter_checked: false,
             metadata_timeout: Duration::from_millis(runtime.transaction_timeout_ms),
             max_message_bytes: max_message_bytes(topology),
+            coalesce: topology.coalescing_step().is_some(),
             injected_failures: options.transient_failures,
             paused: Paused::default(),
             produced: Vec::new(),
@@ -533,7 +536,16 @@ impl<'t> Job<'t> {
                             lineage: lineage.get(index).copied().unwrap_or(true),
                         })
                     }));
-                let _ = txn.add(consumer, consumed, &self.outputs)?;
+                let _ = if self.coalesce {
+                    txn.add_latest(
+                        consumer,
+                        consumed,
+                        rdkafka::Message::key(msg),
+                        &self.outputs,
+                    )?
+                } else {
+                    txn.add(consumer, consumed, &self.outputs)?
+                };
                 Ok(())
             }
             Outcome::Pause { for_ } => {

@@ -32,7 +32,9 @@ use serde::Deserialize;
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, StateStore};
-pub use state::{AggregateConfig, AggregateOp, DedupeConfig, JoinConfig, OnMiss, StoreSource};
+pub use state::{
+    AggregateConfig, AggregateOp, DedupeConfig, Emit, JoinConfig, OnMiss, StoreSource,
+};
 
 pub mod avro;
 pub mod http;

@@ -37,6 +37,23 @@ pub struct AggregateConfig {
     /// replaces the value.
     #[serde(default, rename = "as")]
     pub into: Option<String>,
+    /// When the new state goes downstream: on every update (the default), or once per key
+    /// per commit, with the key's latest state.
+    #[serde(default)]
+    pub emit: Emit,
+}
+
+/// When an `aggregate` hands its new state downstream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Emit {
+    /// After every record: each update is an output.
+    #[default]
+    Update,
+    /// Once per key per transaction: the outputs of a key's last record in the transaction
+    /// (what the pipeline makes of its latest state), sent as it commits. Outputs must be
+    /// Kafka topics.
+    PerCommit,
 }
 
 /// Settings of `dedupe`: passes the first record of each id (the record key unless `id` says
@@ -163,6 +180,14 @@ impl AggregateOp {
 }
 
 impl Topology {
+    /// The first `aggregate` that emits once per key per commit, if any: the job then holds
+    /// its outputs until the commit, the latest per input key.
+    pub fn coalescing_step(&self) -> Option<usize> {
+        self.pipeline
+            .iter()
+            .position(|p| matches!(p, Processor::Aggregate(a) if a.emit == Emit::PerCommit))
+    }
+
     /// Every stateful step's store, in pipeline order (a store's index is its place here):
     /// (pipeline index, store name).
     pub fn stores(&self) -> impl Iterator<Item = (usize, &str)> {
@@ -255,6 +280,18 @@ impl Topology {
                 "inputs".into(),
                 "a topology with a stateful step reads exactly one topic: its stores are kept per partition of that topic",
             );
+        }
+        if let Some(i) = self.coalescing_step() {
+            for (o, out) in self.outputs.iter().enumerate() {
+                if out.topic.is_none() {
+                    issue(
+                        format!("outputs[{o}]"),
+                        &format!(
+                            "must be a Kafka topic: pipeline[{i}].aggregate.emit is `per_commit`, which holds outputs until the commit, and a PostgreSQL or HTTP output commits before it"
+                        ),
+                    );
+                }
+            }
         }
         if writes && self.runtime.guarantee != Guarantee::ExactlyOnce {
             issue(
@@ -405,6 +442,25 @@ mod tests {
                 "pipeline[3].dedupe"
             ],
             "{found:#?}"
+        );
+    }
+
+    #[test]
+    fn emitting_per_commit_needs_every_output_in_kafka() {
+        let yaml = "name: t\ninputs: [{topic: a, codec: json}]\npipeline: [{aggregate: {name: counts, op: count, emit: per_commit}}]\noutputs: [{topic: out}, {postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}}]\n";
+        let topology = Topology::parse_unchecked(yaml).unwrap();
+        assert_eq!(topology.coalescing_step(), Some(0));
+        let found: Vec<(String, String)> = topology
+            .validate()
+            .into_iter()
+            .map(|i| (i.path, i.message))
+            .filter(|(_, m)| m.contains("emit"))
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "outputs[1]");
+        assert!(
+            found[0].1.contains("pipeline[0].aggregate.emit"),
+            "{found:?}"
         );
     }
 

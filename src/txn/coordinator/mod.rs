@@ -18,10 +18,12 @@
 //! * [`overlap`]: the commit in the background, the records held meanwhile and their release.
 //! * [`rewind`]: what follows a transaction that cannot commit: the classifier's decision,
 //!   the abort, the rewind to the committed offsets, the producer's rebuild.
+//! * [`coalesce`]: outputs emitted once per key per commit, held until the commit.
 //! * [`stats`]: the totals since the job started ([`TxnStats`], [`CommitSteps`]).
 //! * `fixture` (tests only): stub participants and the mock cluster the tests of every part
 //!   run on.
 
+mod coalesce;
 #[cfg(test)]
 mod fixture;
 mod kafka_commit;
@@ -149,6 +151,8 @@ pub struct Txn {
     /// The stores of the stateful steps: their changes go to the changelogs in this
     /// transaction and reach the stores once it commits.
     state: Stores,
+    /// Outputs held until the commit, the latest per input key (`emit: per_commit`).
+    coalesced: coalesce::Coalesced,
 }
 
 impl Txn {
@@ -185,6 +189,7 @@ impl Txn {
             in_hand: None,
             overlap: Overlap::default(),
             state: Stores::default(),
+            coalesced: coalesce::Coalesced::default(),
         })
     }
 
@@ -276,14 +281,18 @@ impl Txn {
                 _ => Added::Yes,
             });
         }
-        self.add_now(consumer, consumed, outputs)
+        self.add_now(consumer, consumed, outputs, !outputs.is_empty())
     }
 
+    /// Adds one record here and now: its offset, `outputs` and state changes. `made_outputs`:
+    /// whether the pipeline made any (those held until the commit are not in `outputs`); a
+    /// record that made none was filtered out.
     fn add_now<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         consumed: Consumed<'_>,
         outputs: &[Outgoing<'_>],
+        made_outputs: bool,
     ) -> Result<Added, TxnError> {
         let origin = consumed.origin;
         // Noted before anything is sent: if the transaction fails on the way, the rewind
@@ -331,7 +340,7 @@ impl Txn {
             }
         }
         self.consumed.add(&origin.topic, consumed.bytes);
-        if outputs.is_empty() && !self.participants.take_staged() {
+        if !made_outputs && !self.participants.take_staged() {
             self.filtered += 1;
         }
         self.records += 1;
@@ -385,6 +394,11 @@ impl Txn {
             self.abort_and_rewind(consumer, AbortReason::Failpoint, "every n-th transaction")?;
             return Ok(Committed::Aborted);
         }
+        // The outputs held until the commit (the latest per key) join the transaction.
+        if let Err(err) = self.send_coalesced() {
+            self.fail(consumer, err, AbortReason::ProduceFailed)?;
+            return Ok(Committed::Aborted);
+        }
         let started = Instant::now();
         // Outputs outside Kafka commit first: a crash before the Kafka commit replays the
         // batch, and they absorb the replay.
@@ -425,6 +439,7 @@ impl Txn {
     }
 
     fn reset(&mut self) {
+        self.coalesced.clear();
         self.participants.discard();
         self.state.abort();
         self.consumed.discard();

@@ -245,7 +245,7 @@ impl Txn {
                 id: h.id.as_deref(),
                 bytes: h.consumed_bytes,
             };
-            if self.add_now(consumer, consumed, &outputs)? == Added::Aborted {
+            if self.add_now(consumer, consumed, &outputs, !outputs.is_empty())? == Added::Aborted {
                 return Ok(Added::Aborted);
             }
         }
