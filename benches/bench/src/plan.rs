@@ -416,7 +416,6 @@ pub(crate) mod tests {
         }
     }
 
-
     #[test]
     fn labels_name_mode_interval_and_instances() {
         let s = |kind, ms, instances| Spec {
