@@ -282,8 +282,30 @@ fn read_to_end(
     backend: &mut dyn Backend,
     timeout: Duration,
 ) -> Result<(u64, HashMap<i32, i64>), RestoreError> {
+    // A partition with nothing past its start (its checkpoint at the log's end, as after a
+    // clean stop or a quiet spell) is at its end already: not fetched (the partition-EOF
+    // event would come a fetch wait later), its checkpoint written again as of now.
+    let (empty, spans): (Vec<&Span>, Vec<&Span>) = spans.iter().partition(|s| s.start >= s.high);
+    let reached_now: Vec<((usize, i32), Checkpoint)> = empty
+        .iter()
+        .map(|s| {
+            let cp = Checkpoint {
+                offset: s.start,
+                at_ms: now_ms(),
+            };
+            ((store, s.partition), cp)
+        })
+        .collect();
+    if !reached_now.is_empty() {
+        backend.apply(HashMap::new(), &reached_now)?;
+    }
+    let mut reached: HashMap<i32, i64> = empty.iter().map(|s| (s.partition, s.start)).collect();
+    if spans.is_empty() {
+        telemetry::state_restoring(topic, &[], 0, 0);
+        return Ok((0, reached));
+    }
     let mut tpl = TopicPartitionList::new();
-    for s in spans {
+    for s in &spans {
         tpl.add_partition_offset(topic, s.partition, Offset::Offset(s.start))?;
     }
     consumer.assign(&tpl)?;
@@ -294,7 +316,7 @@ fn read_to_end(
     let mut open: Vec<i32> = spans.iter().map(|s| s.partition).collect();
     telemetry::state_restoring(topic, &open, 0, to_read);
     // The next offset each partition's state holds every change below.
-    let mut reached: HashMap<i32, i64> = spans.iter().map(|s| (s.partition, s.start)).collect();
+    reached.extend(spans.iter().map(|s| (s.partition, s.start)));
     let mut batch: HashMap<(usize, i32), Changes> = HashMap::new();
     let mut batched = 0usize;
     let mut read = 0u64;
