@@ -192,13 +192,21 @@ impl quick_cache::Equivalent<CacheKey> for CacheRef<'_> {
     }
 }
 
-/// Weighs a cached value by its bytes and a fixed overhead.
+/// Weighs a cached value by the memory it takes: its key's and value's bytes and
+/// [`ENTRY_OVERHEAD`].
 #[derive(Clone)]
 struct ByBytes;
 
+/// What a cached entry takes beyond its key's and value's bytes: the entry (the key's `Vec`
+/// and partition, the value's `Option<Vec>`, the cache's own fields, about 90 bytes) and the
+/// allocator's rounding of the two heap buffers (at least 32 bytes each). Counted at 64
+/// instead, the 64 MiB cache took about twice that (a 10-million-key job peaked at 536 MiB;
+/// docs/state.md).
+const ENTRY_OVERHEAD: usize = 160;
+
 impl quick_cache::Weighter<CacheKey, Option<Vec<u8>>> for ByBytes {
     fn weight(&self, k: &CacheKey, v: &Option<Vec<u8>>) -> u64 {
-        (k.key.len() + v.as_ref().map_or(0, Vec::len) + 64) as u64
+        (k.key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD) as u64
     }
 }
 
@@ -206,7 +214,7 @@ type ValueCache = quick_cache::unsync::Cache<CacheKey, Option<Vec<u8>>, ByBytes>
 
 fn value_cache() -> ValueCache {
     ValueCache::with_weighter(
-        (VALUE_CACHE_BYTES / 128) as usize,
+        (VALUE_CACHE_BYTES / ENTRY_OVERHEAD as u64) as usize,
         VALUE_CACHE_BYTES,
         ByBytes,
     )
