@@ -4,8 +4,8 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # The dependencies in a layer of their own, built against empty sources: a change to
-# onceflow's code rebuilds onceflow only. vendor/ holds librdkafka with one fix
-# (vendor/README.md).
+# onceflow's code rebuilds onceflow only. vendor/ holds librdkafka with its patches
+# (vendor/README.md); zstd is built from source (the zstd-sys crate) and linked statically.
 # The workspace's other members (the benchmark) only as manifests over empty sources.
 COPY Cargo.toml Cargo.lock ./
 COPY benches/bench/Cargo.toml ./benches/bench/
@@ -18,8 +18,11 @@ RUN mkdir -p src benches/bench/src benches/client-ceiling/src \
     && touch benches/bench/src/lib.rs \
     && cargo build --release --locked --bin onceflow \
     && rm -rf src benches
+COPY build.rs ./
 COPY src ./src
 COPY benches ./benches
+# `onceflow --version` names the commit (build.rs): there is no .git in the image's context.
+ARG ONCEFLOW_COMMIT=unknown
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin onceflow
 
 FROM debian:bookworm-slim

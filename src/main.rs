@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 // The per-record path makes many small, short-lived allocations: mimalloc handles them much
 // faster than the system allocator (see docs/benchmarks.md). Its `override` feature makes it
 // the process's malloc too, so librdkafka's copy of every produced and fetched message (C
@@ -15,5 +13,5 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     onceflow::alloc::keep_freed_memory();
-    onceflow::cli::main(onceflow::cli::Cli::parse())
+    onceflow::cli::main(onceflow::cli::Cli::from_args())
 }

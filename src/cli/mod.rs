@@ -70,6 +70,28 @@ enum Command {
     },
 }
 
+impl Cli {
+    /// Parses the process's arguments (exits with clap's message on a wrong one). `-V` prints
+    /// onceflow's version; `--version` also the commit it was built from, and the librdkafka
+    /// it carries with that library's built-in features (its compression codecs, SASL
+    /// mechanisms, TLS).
+    pub fn from_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().long_version(long_version()).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// What `onceflow --version` prints after the name.
+fn long_version() -> String {
+    let (librdkafka, features) = crate::kafka::clients::librdkafka();
+    format!(
+        "{} (commit {})\nlibrdkafka {librdkafka} (with onceflow's patches)\nlibrdkafka builtin.features: {features}",
+        env!("CARGO_PKG_VERSION"),
+        env!("ONCEFLOW_COMMIT"),
+    )
+}
+
 /// Runs the parsed command line; the exit status is failure when the command failed or found
 /// a problem.
 pub fn main(cli: Cli) -> ExitCode {
@@ -181,6 +203,15 @@ mod tests {
         assert_eq!(chain(&e), "cannot start: kafka: refused");
         let plain = anyhow::Error::from(io()).context("cannot write x");
         assert_eq!(chain(&plain), "cannot write x: refused");
+    }
+
+    #[test]
+    fn the_long_version_names_the_commit_and_librdkafka() {
+        let v = long_version();
+        assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
+        assert!(v.contains("(commit "), "{v}");
+        assert!(v.contains("\nlibrdkafka 2."), "{v}");
+        assert!(v.contains("zstd"), "{v}");
     }
 
     #[test]

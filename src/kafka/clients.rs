@@ -150,6 +150,18 @@ pub fn default_instance_id() -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
+/// The librdkafka onceflow is built with: its version, and its `builtin.features` (the
+/// compression codecs, SASL mechanisms and TLS its clients can use), as `onceflow --version`
+/// prints them.
+pub fn librdkafka() -> (String, String) {
+    let (_, version) = rdkafka::util::get_rdkafka_version();
+    let features = ClientConfig::new()
+        .create_native_config()
+        .and_then(|c| c.get("builtin.features"))
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    (version, features)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +282,15 @@ mod tests {
         assert_eq!(c.get("partition.assignment.strategy"), None);
         assert_eq!(c.get("session.timeout.ms"), None);
         assert!(c.create_native_config().is_ok());
+    }
+
+    #[test]
+    fn librdkafka_is_built_with_every_compression_kafka_has() {
+        let (version, features) = librdkafka();
+        assert!(version.starts_with("2."), "{version}");
+        let features: Vec<&str> = features.split(',').collect();
+        for codec in ["gzip", "snappy", "lz4", "zstd"] {
+            assert!(features.contains(&codec), "no {codec} in {features:?}");
+        }
     }
 }
