@@ -47,9 +47,10 @@ pub struct Summary {
 
 /// How long one transactional client call may take before the process counts as stuck.
 /// Each call is given the transaction timeout as its own (the retries around it are separate
-/// calls), so past that and 5 s of scheduling slack it is not coming back: librdkafka's
-/// send_offsets_to_transaction waits forever when the group coordinator's broker died
-/// (librdkafka#5456, #5511), and every second of this bound is a second of a partition held.
+/// calls), so past that and 5 s of scheduling slack it is not coming back: stock librdkafka's
+/// send_offsets_to_transaction waited forever when the group coordinator's broker died
+/// (librdkafka#5456, #5511; vendor/patches/0005 makes it return at its timeout), and every
+/// second of this bound is a second of a partition held.
 pub fn call_bound(topology: &Topology) -> Duration {
     Duration::from_millis(
         topology

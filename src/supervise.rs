@@ -4,8 +4,9 @@
 //! The job runs on a blocking thread of its own (every Kafka call blocks). SIGTERM/SIGINT
 //! ask it to commit and stop; a stop that has not finished within its grace period, or a
 //! second signal, ends the process with status 1. A transactional client call that has not
-//! returned long after its own timeout (librdkafka#5456: a lost group coordinator is never
-//! timed out) ends it too. Exiting then is a crash like any other: nothing uncommitted
+//! returned long after its own timeout ends it too (librdkafka#5456, a lost group
+//! coordinator never timed out, did that; vendor/patches/0005 fixes it, and the watchdog stays
+//! for whatever else may hang). Exiting then is a crash like any other: nothing uncommitted
 //! counts, and the next instance with the same id fences what is left open.
 //!
 //! A process that was frozen (SIGSTOP, a paused VM, a suspended host) past most of its

@@ -104,6 +104,43 @@ impl MockCluster {
         }
     }
 
+    /// Makes broker `broker` the coordinator of `key` (`key_type`: "group" or "transaction").
+    fn set_coordinator(&self, key_type: &str, key: &str, broker: i32) {
+        let (key_type, key) = (
+            CString::new(key_type).expect("no NUL"),
+            CString::new(key).expect("no NUL"),
+        );
+        // SAFETY: the mock is alive with `self.handle`; the strings outlive the call.
+        let err = unsafe {
+            rdkafka_sys::rd_kafka_mock_coordinator_set(
+                self.mock(),
+                key_type.as_ptr(),
+                key.as_ptr(),
+                broker,
+            )
+        };
+        assert_eq!(
+            err, RD_KAFKA_RESP_ERR_NO_ERROR,
+            "the coordinator was not set"
+        );
+    }
+
+    /// Takes broker `broker` down (its connections closed, new ones refused), or up again.
+    fn set_broker_up(&self, broker: i32, up: bool) {
+        // SAFETY: the mock is alive with `self.handle`; the call only changes the broker's state.
+        let err = unsafe {
+            if up {
+                rdkafka_sys::rd_kafka_mock_broker_set_up(self.mock(), broker)
+            } else {
+                rdkafka_sys::rd_kafka_mock_broker_set_down(self.mock(), broker)
+            }
+        };
+        assert_eq!(
+            err, RD_KAFKA_RESP_ERR_NO_ERROR,
+            "broker {broker} did not change state"
+        );
+    }
+
     /// Starts recording the requests the cluster receives, for [`requests`](Self::requests).
     fn track_requests(&self) -> Result<(), rd_kafka_resp_err_t> {
         // SAFETY: the mock is alive with `self.handle`; the call only sets a flag.
@@ -390,5 +427,76 @@ fn a_refused_partition_registration_is_retried_sooner_and_sooner() {
         gaps_ms[4] >= 16.0,
         "the fifth retry came {:.1} ms after the fourth refusal: the backoff does not double",
         gaps_ms[4]
+    );
+}
+
+/// A request to a coordinator that does not come up fails at its timeout
+/// (vendor/patches/0005-*): `send_offsets_to_transaction` with the group coordinator's broker
+/// down returns TIMED_OUT, an error that asks for an abort, once its 2 s have passed. Stock
+/// librdkafka 2.12 never checks that timeout (librdkafka#5456): the call waits until the
+/// coordinator comes back, which here it does only after the test's 30 s.
+#[test]
+fn send_offsets_returns_within_its_timeout_when_the_group_coordinator_is_down() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let cluster = MockCluster::start(3).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    cluster.set_coordinator("transaction", "offsets-timeout", 1);
+    cluster.set_coordinator("group", "g", 2);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("transactional.id", "offsets-timeout")
+        .create()
+        .unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "g")
+        .create()
+        .unwrap();
+    let metadata = consumer.group_metadata().expect("the group's metadata");
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    producer.begin_transaction().unwrap();
+    producer
+        .send(BaseRecord::<(), _>::to("t").payload("in the transaction"))
+        .unwrap();
+    cluster.set_broker_up(2, false);
+
+    let producer = std::sync::Arc::new(producer);
+    let calling = std::sync::Arc::clone(&producer);
+    let (done, result) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset("t", 0, Offset::Offset(1))
+            .expect("an offset");
+        let r = calling.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(2));
+        done.send(r).ok();
+    });
+    let returned = result.recv_timeout(Duration::from_secs(30));
+    let took = started.elapsed();
+    eprintln!("send_offsets_to_transaction returned after {took:?}: {returned:?}");
+    if returned.is_err() {
+        // Let the call return, so that the process can end.
+        cluster.set_broker_up(2, true);
+    }
+    let err = returned
+        .unwrap_or_else(|_| {
+            panic!("send_offsets_to_transaction with a 2 s timeout has not returned after 30 s")
+        })
+        .expect_err("offsets sent to a coordinator that is down");
+    let KafkaError::Transaction(ref txn) = err else {
+        panic!("not a transaction error: {err}");
+    };
+    assert_eq!(txn.code(), RDKafkaErrorCode::OperationTimedOut, "{err}");
+    assert!(
+        txn.txn_requires_abort(),
+        "{err}: a timed-out offset commit must ask for an abort"
+    );
+    assert!(
+        took >= Duration::from_millis(1_900) && took < Duration::from_secs(6),
+        "the call returned after {took:?} with a 2 s timeout"
     );
 }

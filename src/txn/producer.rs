@@ -4,7 +4,8 @@
 //!
 //! Every call but `begin` (local, immediate) retries retriable errors as the classifier says
 //! until the operation timeout, and is watched: one that has not returned long after its own
-//! timeout (librdkafka#5456) makes the process unhealthy and ends it. Without transactions
+//! timeout (as librdkafka#5456 did before vendor/patches/0005) makes the process unhealthy
+//! and ends it. Without transactions
 //! (at-least-once) the transactional calls do nothing.
 
 use std::sync::Arc;
@@ -239,7 +240,8 @@ impl Calls {
         let mut backoff = retry::CLIENT_CALL.retries();
         loop {
             // Watched: librdkafka may wait forever past the call's own timeout
-            // (send_offsets_to_transaction on a lost coordinator, librdkafka#5456).
+            // (send_offsets_to_transaction on a lost coordinator, librdkafka#5456, before
+            // vendor/patches/0005).
             self.health.call_started(operation);
             let result = op(&self.client);
             self.health.call_finished();

@@ -251,6 +251,15 @@ void rd_kafka_coord_req(rd_kafka_t *rk,
 
         TAILQ_INSERT_TAIL(&rk->rk_coord_reqs, creq, creq_link);
 
+        /* Without a coordinator that comes up, nothing else would run the
+         * FSM again: fail the request when its timeout expires (a finite
+         * one: RD_POLL_INFINITE and RD_POLL_NOWAIT keep their meaning). */
+        if (creq->creq_ts_timeout > 0)
+                rd_kafka_timer_start_oneshot(
+                    &rk->rk_timers, &creq->creq_tmout_tmr, rd_true,
+                    (rd_ts_t)(delay_ms + timeout_ms) * 1000,
+                    rd_kafka_coord_req_tmr_cb, creq);
+
         if (delay_ms)
                 rd_kafka_timer_start_oneshot(&rk->rk_timers, &creq->creq_tmr,
                                              rd_true, (rd_ts_t)delay_ms * 1000,
@@ -283,6 +292,8 @@ static rd_bool_t rd_kafka_coord_req_destroy(rd_kafka_t *rk,
                 creq->creq_done = rd_true;
 
                 rd_kafka_timer_stop(&rk->rk_timers, &creq->creq_tmr,
+                                    RD_DO_LOCK);
+                rd_kafka_timer_stop(&rk->rk_timers, &creq->creq_tmout_tmr,
                                     RD_DO_LOCK);
         }
 
@@ -463,6 +474,14 @@ static void rd_kafka_coord_req_fsm(rd_kafka_t *rk, rd_kafka_coord_req_t *creq) {
 
         if (unlikely(rd_kafka_terminating(rk))) {
                 rd_kafka_coord_req_fail(rk, creq, RD_KAFKA_RESP_ERR__DESTROY);
+                return;
+        }
+
+        /* Not sent within its timeout: fail it (the coordinator may
+         * never come up, e.g. a broker that was killed). */
+        if (creq->creq_ts_timeout > 0 &&
+            rd_timeout_expired(rd_timeout_remains(creq->creq_ts_timeout))) {
+                rd_kafka_coord_req_fail(rk, creq, RD_KAFKA_RESP_ERR__TIMED_OUT);
                 return;
         }
 

@@ -83,10 +83,13 @@ typedef struct rd_kafka_coord_req_s {
                                          *   provided to creq_send_req_cb
                                          *   (optional). */
         rd_kafka_timer_t creq_tmr;      /**< Delay timer. */
+        rd_kafka_timer_t creq_tmout_tmr; /**< Fires at creq_ts_timeout
+                                          *   to run the FSM, which then
+                                          *   fails the request. */
         rd_ts_t creq_ts_timeout;        /**< Absolute timeout.
-                                         *   Will fail with an error
-                                         *   code pertaining to the
-                                         *   current state */
+                                         *   The request fails with
+                                         *   RD_KAFKA_RESP_ERR__TIMED_OUT
+                                         *   if not sent by then. */
         rd_interval_t creq_query_intvl; /**< Coord query interval (1s) */
 
         rd_kafka_send_req_cb_t *creq_send_req_cb; /**< Sender callback */
