@@ -369,16 +369,109 @@ fn each_id_passes_dedupe_exactly_once_across_kills() {
         3,
     );
     feeder.join().expect("feeder");
-    let job = spawn_job(&s.topology, "dedupe-0", &[]);
-    let seen = wait_for_distinct(&s.output, PARTITIONS, ids.len(), Duration::from_secs(180));
-    // The last copies may still come after the last new id: let the job read to the end.
-    std::thread::sleep(Duration::from_secs(3));
-    terminate(job);
-    assert_eq!(seen, ids.len(), "not every id came through");
+    dedupe_to_the_end(&s, ids.len());
     eprintln!("{copies} records sent for {} ids", ids.len());
     assert!(
         copies > ids.len() * 3 / 2,
         "too few repeats to prove anything: {copies}"
+    );
+    assert_exactly_once(
+        &ids,
+        &ids_of(&read_records(&s.output, PARTITIONS, "read_committed")),
+    );
+}
+
+/// Runs the deduping job of `s` once more, undisturbed, until its output holds `ids` distinct
+/// ids and it has read its input to the end (the last copies may come after the last new
+/// id), then stops it.
+fn dedupe_to_the_end(s: &Setup, ids: usize) {
+    let job = spawn_job(&s.topology, "dedupe-0", &[]);
+    let seen = wait_for_distinct(&s.output, PARTITIONS, ids, Duration::from_secs(180));
+    std::thread::sleep(Duration::from_secs(3));
+    terminate(job);
+    assert_eq!(seen, ids, "not every id came through");
+}
+
+/// `dedupe` when the copies of an id come on other partitions: an upstream that sends every
+/// id one to three times, each copy under a key of its own (so the copies of an id are spread
+/// over the partitions). A stateful step on another key than the input's is refused by
+/// `validate`, which says to re-key in a first topology; done so here: a stateless job re-keys
+/// by the id into a topic the deduping job reads. Both are SIGKILLed while records flow; each id
+/// passes exactly once.
+#[test]
+fn each_id_passes_dedupe_exactly_once_when_its_copies_come_on_other_partitions() {
+    use rand::Rng;
+    use rand::seq::SliceRandom;
+    let s = setup_pipeline(
+        "state-dedupe-rekeyed",
+        "  - dedupe: {name: counts, within: 1d}\n",
+        "",
+    );
+    let upstream = unique("state-dedupe-upstream");
+    create_topics(&[&upstream], PARTITIONS);
+    let rekey_yaml = format!(
+        "name: {}\ninputs:\n  - {{topic: {upstream}, codec: json}}\npipeline:\n  - set_key: string(value.id)\noutputs:\n  - {{topic: {}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  max_records_per_txn: 500\n  group_protocol: {}\n",
+        unique("rekey"),
+        s.input,
+        group_protocol()
+    );
+    let (_rekey_dir, rekey) = topology_file(&rekey_yaml);
+    let ids: BTreeSet<u64> = (0..20_000).collect();
+    let mut rng = rand::rng();
+    let mut sends: Vec<(u64, u32)> = ids
+        .iter()
+        .flat_map(|&id| (0..rng.random_range(1..=3)).map(move |copy| (id, copy)))
+        .collect();
+    sends.shuffle(&mut rng);
+    let copies = sends.len();
+    // The copies of an id under different keys: on how many partitions they landed is the
+    // producer's hash; counted below from the upstream topic itself.
+    let records: Vec<(Option<String>, String)> = sends
+        .into_iter()
+        .map(|(id, copy)| (Some(format!("{id}-{copy}")), format!(r#"{{"id":{id}}}"#)))
+        .collect();
+    let feed_topic = upstream.clone();
+    let feeder =
+        std::thread::spawn(move || produce_records_paced(&feed_topic, records, Some(2_000)));
+    let rekeying = std::cell::RefCell::new(Some(spawn_job(&rekey, "rekey-0", &[])));
+    kill_mid_run(
+        &|| {
+            // The re-keying job is SIGKILLed and restarted with each round of the deduping one.
+            if let Some(mut job) = rekeying.borrow_mut().take() {
+                job.kill().expect("SIGKILL");
+                job.wait().expect("reap");
+            }
+            *rekeying.borrow_mut() = Some(spawn_job(&rekey, "rekey-0", &[]));
+            spawn_job(&s.topology, "dedupe-0", &[])
+        },
+        &s.output,
+        PARTITIONS,
+        ids.len(),
+        3,
+    );
+    feeder.join().expect("feeder");
+    dedupe_to_the_end(&s, ids.len());
+    if let Some(job) = rekeying.borrow_mut().take() {
+        terminate(job);
+    }
+    // The upstream really spread copies of one id over partitions.
+    let mut partitions_of: BTreeMap<u64, BTreeSet<i32>> = BTreeMap::new();
+    for r in read_records(&upstream, PARTITIONS, "read_committed") {
+        let value: serde_json::Value =
+            serde_json::from_str(r.value.as_deref().expect("a value")).expect("JSON");
+        partitions_of
+            .entry(value["id"].as_u64().expect("an id"))
+            .or_default()
+            .insert(r.partition);
+    }
+    let spread = partitions_of.values().filter(|p| p.len() > 1).count();
+    eprintln!(
+        "{copies} records sent for {} ids; {spread} ids had copies on more than one partition",
+        ids.len()
+    );
+    assert!(
+        spread > ids.len() / 4,
+        "too few ids with copies on other partitions to prove anything: {spread}"
     );
     assert_exactly_once(
         &ids,
