@@ -360,7 +360,18 @@ fn read_to_end(
                     batched += 1;
                 }
                 if batched >= APPLY_EVERY {
-                    backend.apply(std::mem::take(&mut batch), &[])?;
+                    // Written through, with the checkpoint of every partition still read: the
+                    // state holds every change below where each stands (a restore cut short
+                    // goes on from there).
+                    let at_ms = now_ms();
+                    let marks: Vec<_> = open
+                        .iter()
+                        .map(|&p| {
+                            let offset = reached.get(&p).copied().unwrap_or(0);
+                            ((store, p), Checkpoint { offset, at_ms })
+                        })
+                        .collect();
+                    backend.apply(std::mem::take(&mut batch), &marks)?;
                     batched = 0;
                 }
             }

@@ -180,7 +180,7 @@ pub struct Disk {
 
 /// How much of committed changes [`Disk`] holds in memory before writing them without waiting
 /// for a checkpoint.
-pub const DIRTY_BYTES: u64 = 32 * 1024 * 1024;
+pub const DIRTY_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What a change takes in memory (as a value cache entry does).
 fn change_bytes(key: &[u8], value: Option<&Vec<u8>>) -> u64 {
@@ -335,28 +335,42 @@ impl Disk {
         Ok(k)
     }
 
-    /// Writes every held change and `checkpoints` in one atomic batch; the changes then move to
-    /// the value cache. Kept in memory until the batch is on disk, so that a failed write
-    /// leaves the reads as they were.
-    fn write(&mut self, checkpoints: &[((usize, i32), Checkpoint)]) -> Result<(), StoreError> {
+    /// Writes every held change, then `changes` (newer: a key of both is written once, as
+    /// `changes` has it), and `checkpoints` in one atomic batch; the changes then move to the
+    /// value cache. Held changes stay in memory until the batch is on disk, so that a failed
+    /// write leaves the reads as they were.
+    fn write(
+        &mut self,
+        changes: HashMap<(usize, i32), Changes>,
+        checkpoints: &[((usize, i32), Checkpoint)],
+    ) -> Result<(), StoreError> {
         let mut batch = self.db.batch().durability(Some(fjall::PersistMode::Buffer));
-        for (at, changes) in &self.dirty {
+        let newer =
+            |at: &(usize, i32), key: &Vec<u8>| changes.get(at).is_some_and(|c| c.contains_key(key));
+        let held = self.dirty.iter().flat_map(|(at, c)| {
+            c.iter()
+                .filter(move |(key, _)| !newer(at, key))
+                .map(move |kv| (at, kv))
+        });
+        let fresh = changes
+            .iter()
+            .flat_map(|(at, c)| c.iter().map(move |kv| (at, kv)));
+        for (at, (key, value)) in held.chain(fresh) {
             let Some(k) = self.keyspaces.get(at) else {
                 continue;
             };
-            for (key, value) in changes {
-                match value {
-                    Some(v) => batch.insert(k, key.as_slice(), v.as_slice()),
-                    None => batch.remove(k, key.as_slice()),
-                }
+            match value {
+                Some(v) => batch.insert(k, key.as_slice(), v.as_slice()),
+                None => batch.remove(k, key.as_slice()),
             }
         }
         for (at, cp) in checkpoints {
             batch.insert(&self.checkpoints, Disk::name(*at), cp.encode().to_vec());
         }
         batch.commit().map_err(|e| self.fail(&e))?;
-        // Only what the disk holds is cached.
-        for (at, changes) in self.dirty.drain() {
+        // Only what the disk holds is cached (the newer value last).
+        let held = std::mem::take(&mut self.dirty);
+        for (at, changes) in held.into_iter().chain(changes) {
             for (key, value) in changes {
                 self.values.insert(CacheKey { at, key }, value);
             }
@@ -394,27 +408,34 @@ impl Backend for Disk {
             .map_err(|e| self.fail(&e))
     }
 
-    /// Holds the changes; writes everything held when checkpoints come with them (in one
-    /// batch with those) or when it passes [`DIRTY_BYTES`].
+    /// Holds the changes, or, when checkpoints come with them or what is held would pass
+    /// [`DIRTY_BYTES`], writes them with everything held (and the checkpoints) in one batch.
     fn apply(
         &mut self,
         changes: HashMap<(usize, i32), Changes>,
         checkpoints: &[((usize, i32), Checkpoint)],
     ) -> Result<(), StoreError> {
-        for (at, changes) in changes {
+        let incoming: u64 = changes
+            .values()
+            .flatten()
+            .map(|(k, v)| change_bytes(k, v.as_ref()))
+            .sum();
+        for &at in changes.keys() {
             self.keyspace(at)?;
-            let held = self.dirty.entry(at).or_default();
-            for (key, value) in changes {
-                let bytes = change_bytes(&key, value.as_ref());
-                let before = held.get(&key).map(|v| change_bytes(&key, v.as_ref()));
-                held.insert(key, value);
-                self.dirty_bytes = self.dirty_bytes + bytes - before.unwrap_or(0);
+        }
+        if checkpoints.is_empty() && self.dirty_bytes + incoming <= DIRTY_BYTES {
+            for (at, changes) in changes {
+                let held = self.dirty.entry(at).or_default();
+                for (key, value) in changes {
+                    let bytes = change_bytes(&key, value.as_ref());
+                    let before = held.get(&key).map(|v| change_bytes(&key, v.as_ref()));
+                    held.insert(key, value);
+                    self.dirty_bytes = self.dirty_bytes + bytes - before.unwrap_or(0);
+                }
             }
+            return Ok(());
         }
-        if !checkpoints.is_empty() || self.dirty_bytes > DIRTY_BYTES {
-            self.write(checkpoints)?;
-        }
-        Ok(())
+        self.write(changes, checkpoints)
     }
 
     fn open(&mut self, at: (usize, i32)) -> Result<(), StoreError> {
@@ -561,11 +582,13 @@ mod tests {
             text(d.get((0, 3), b"b").expect("get")).as_deref(),
             Some("2")
         );
-        // A checkpoint writes what is held with it.
-        d.apply(changes(&[("a", Some("10")), ("b", None)]), &[])
+        // A checkpoint writes what is held with it; a key changed again with the checkpoint
+        // is written as it was last.
+        d.apply(changes(&[("a", Some("9")), ("b", None)]), &[])
             .expect("apply");
-        d.apply(HashMap::new(), &[((0, 3), cp(4))])
+        d.apply(changes(&[("a", Some("10"))]), &[((0, 3), cp(4))])
             .expect("checkpoint");
+        assert_eq!(d.dirty_bytes, 0);
         drop(d);
         let mut d = Disk::open(dir.path()).expect("reopen");
         d.open((0, 3)).expect("open the partition");
