@@ -271,6 +271,23 @@ fn valid(cp: Checkpoint, low: i64, high: i64, age: Duration) -> bool {
     cp.offset >= low && cp.offset <= high && age < CHECKPOINT_MAX_AGE
 }
 
+/// The checkpoints of store `store`'s `partitions` at the offsets `reached` gives (below which
+/// their state holds every change), as of now.
+fn marks(
+    store: usize,
+    partitions: &[i32],
+    reached: &HashMap<i32, i64>,
+) -> Vec<((usize, i32), Checkpoint)> {
+    let at_ms = now_ms();
+    partitions
+        .iter()
+        .map(|&p| {
+            let offset = reached.get(&p).copied().unwrap_or(0);
+            ((store, p), Checkpoint { offset, at_ms })
+        })
+        .collect()
+}
+
 /// Reads `topic`'s partitions from their starts to their ends into store `store` of
 /// `backend` (all under partition `into` when given, else each under its own), in batches,
 /// and writes each partition's checkpoint when it reaches its end; returns the records read
@@ -286,20 +303,11 @@ fn read_to_end(
     // clean stop or a quiet spell) is at its end already: not fetched (the partition-EOF
     // event would come a fetch wait later), its checkpoint written again as of now.
     let (empty, spans): (Vec<&Span>, Vec<&Span>) = spans.iter().partition(|s| s.start >= s.high);
-    let reached_now: Vec<((usize, i32), Checkpoint)> = empty
-        .iter()
-        .map(|s| {
-            let cp = Checkpoint {
-                offset: s.start,
-                at_ms: now_ms(),
-            };
-            ((store, s.partition), cp)
-        })
-        .collect();
-    if !reached_now.is_empty() {
-        backend.apply(HashMap::new(), &reached_now)?;
-    }
     let mut reached: HashMap<i32, i64> = empty.iter().map(|s| (s.partition, s.start)).collect();
+    if !empty.is_empty() {
+        let done: Vec<i32> = empty.iter().map(|s| s.partition).collect();
+        backend.apply(HashMap::new(), &marks(store, &done, &reached))?;
+    }
     if spans.is_empty() {
         telemetry::state_restoring(topic, &[], 0, 0);
         return Ok((0, reached));
@@ -336,12 +344,7 @@ fn read_to_end(
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 open.retain(|&o| o != p);
                 // Everything below the partition's end is read: applied with its checkpoint.
-                let offset = reached.get(&p).copied().unwrap_or(0);
-                let cp = Checkpoint {
-                    offset,
-                    at_ms: now_ms(),
-                };
-                backend.apply(std::mem::take(&mut batch), &[((store, p), cp)])?;
+                backend.apply(std::mem::take(&mut batch), &marks(store, &[p], &reached))?;
                 batched = 0;
             }
             // A broker going away is a transient error event: the client reconnects, and
@@ -363,15 +366,7 @@ fn read_to_end(
                     // Written through, with the checkpoint of every partition still read: the
                     // state holds every change below where each stands (a restore cut short
                     // goes on from there).
-                    let at_ms = now_ms();
-                    let marks: Vec<_> = open
-                        .iter()
-                        .map(|&p| {
-                            let offset = reached.get(&p).copied().unwrap_or(0);
-                            ((store, p), Checkpoint { offset, at_ms })
-                        })
-                        .collect();
-                    backend.apply(std::mem::take(&mut batch), &marks)?;
+                    backend.apply(std::mem::take(&mut batch), &marks(store, &open, &reached))?;
                     batched = 0;
                 }
             }
