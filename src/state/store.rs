@@ -179,11 +179,11 @@ pub struct Disk {
 }
 
 /// How much of committed changes [`Disk`] holds in memory before writing them without waiting
-/// for a checkpoint. It holds a change of each of 100,000 keys (17 MB); at 16 MiB the
-/// count-by-key bench wrote every change again, each key once per 100,000 records.
+/// for a checkpoint. It holds a change of each of 100,000 keys (17 MB); 16 MiB would not,
+/// and the count-by-key bench would write each key again once per 100,000 records.
 pub const DIRTY_BYTES: u64 = 32 * 1024 * 1024;
 
-/// What a change takes in memory (as a value cache entry does).
+/// What a change takes in memory, held or in the value cache.
 fn change_bytes(key: &[u8], value: Option<&Vec<u8>>) -> u64 {
     (key.len() + value.map_or(0, Vec::len) + ENTRY_OVERHEAD) as u64
 }
@@ -226,7 +226,7 @@ const ENTRY_OVERHEAD: usize = 160;
 
 impl quick_cache::Weighter<CacheKey, Option<Vec<u8>>> for ByBytes {
     fn weight(&self, k: &CacheKey, v: &Option<Vec<u8>>) -> u64 {
-        (k.key.len() + v.as_ref().map_or(0, Vec::len) + ENTRY_OVERHEAD) as u64
+        change_bytes(&k.key, v.as_ref())
     }
 }
 
