@@ -12,6 +12,8 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // First: a SIGTERM while the process starts waits for the command's own handling.
+    onceflow::cli::hold_stop_signals();
     onceflow::alloc::keep_freed_memory();
     onceflow::cli::main(onceflow::cli::Cli::from_args())
 }

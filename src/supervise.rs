@@ -194,6 +194,8 @@ impl Supervisor {
             let _entered = runtime.enter();
             Signals::register()
         };
+        // A signal held since the process started reaches the handlers now.
+        release_stop_signals();
         Ok(Supervisor { runtime, signals })
     }
 
@@ -254,6 +256,33 @@ impl Supervisor {
             });
             Ok(job.await.map_err(SuperviseError::Panicked)??)
         })
+    }
+}
+
+/// Holds SIGTERM and SIGINT pending on this thread (and the threads it starts) until
+/// [`release_stop_signals`]: called first thing in `main`, so that a signal that comes while
+/// the process starts, before `onceflow run` has its handlers, asks for a stop instead of
+/// ending the process with the signal's default action. Every command releases them: `run`
+/// once its handlers are installed ([`Supervisor::start`]), the others at once.
+pub fn hold_stop_signals() {
+    stop_signal_mask(libc::SIG_BLOCK);
+}
+
+/// Lets SIGTERM and SIGINT through again; one that came while they were held is delivered
+/// now, to the handler installed meanwhile or with its default action.
+pub fn release_stop_signals() {
+    stop_signal_mask(libc::SIG_UNBLOCK);
+}
+
+fn stop_signal_mask(how: libc::c_int) {
+    // SAFETY: the set is initialised by sigemptyset before use, and pthread_sigmask only
+    // reads it; a failure (an invalid `how`, impossible here) leaves the mask as it was.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
 }
 

@@ -94,8 +94,14 @@ fn long_version() -> String {
 
 /// Runs the parsed command line; the exit status is failure when the command failed or found
 /// a problem.
+pub use crate::supervise::hold_stop_signals;
+
 pub fn main(cli: Cli) -> ExitCode {
     crate::telemetry::init_tracing(cli.log_json);
+    if !matches!(cli.command, Command::Run(_)) {
+        // `run` lets them through once its handlers are installed (Supervisor::start).
+        crate::supervise::release_stop_signals();
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Dlq { command } => dlq::run(command),

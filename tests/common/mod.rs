@@ -501,6 +501,22 @@ pub fn spawn_job(topology: &std::path::Path, instance: &str, env: &[(&str, &str)
     KillOnDrop(child)
 }
 
+/// How long process `pid` has run, from /proc (its start in clock ticks since boot).
+fn process_age(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let started: f64 = rest.split(' ').nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(Duration::from_secs_f64((uptime - started / 100.0).max(0.0)))
+}
+
 pub fn signal(child: &Child, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &child.id().to_string()])
@@ -520,8 +536,13 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::E
     None
 }
 
-/// Stops a job gracefully and checks it exits 0.
+/// Stops a job gracefully and checks it exits 0. A process younger than a second is given
+/// that second first: a signal before its `main` runs (the loader maps and relocates a
+/// 90 MB debug binary in tens of milliseconds) meets the default action, as for any program.
 pub fn terminate(mut child: KillOnDrop) {
+    if let Some(age) = process_age(child.id()) {
+        std::thread::sleep(Duration::from_secs(1).saturating_sub(age));
+    }
     signal(&child, "-TERM");
     let status = wait_exit(&mut child, Duration::from_secs(60));
     if status.is_none() {
