@@ -71,6 +71,9 @@ pub enum ErrorKind {
     RegistryUnavailable,
     /// A `join` with `on_miss: dead_letter` found no row for the record's key.
     NoMatch,
+    /// A windowed `aggregate` with `late: dead_letter` met the record after every window it
+    /// falls in had closed.
+    Late,
 }
 
 impl ErrorKind {
@@ -88,7 +91,8 @@ impl ErrorKind {
             | ErrorKind::BadAvro
             | ErrorKind::UnknownSchema
             | ErrorKind::SchemaMismatch
-            | ErrorKind::NoMatch => true,
+            | ErrorKind::NoMatch
+            | ErrorKind::Late => true,
             ErrorKind::Unavailable | ErrorKind::RegistryUnavailable => false,
         }
     }
@@ -117,6 +121,7 @@ impl ErrorKind {
             ErrorKind::SchemaMismatch => "schema_mismatch",
             ErrorKind::RegistryUnavailable => "registry_unavailable",
             ErrorKind::NoMatch => "no_match",
+            ErrorKind::Late => "late",
         }
     }
 }

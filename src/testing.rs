@@ -212,7 +212,8 @@ fn run_case(
     let mut state = crate::state::Stores::new(
         topology.store_topics(),
         Box::<crate::state::store::Memory>::default(),
-    );
+    )
+    .with_timed(topology.timed_stores());
     load_tables(topology, case, &mut state, &mut mismatches);
     let (got, errors) = feed(topology, pipeline, dir, case, &mut state, &mut mismatches);
     for name in case.expect.keys() {

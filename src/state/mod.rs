@@ -60,6 +60,30 @@ pub trait KeyedState {
     /// The record at hand's key has no row in table `store` (a `join`): counted when its
     /// transaction commits.
     fn missed(&mut self, store: usize);
+    /// The record at hand came after its windows closed and was dropped (a windowed
+    /// `aggregate`): counted when its transaction commits.
+    fn late(&mut self, store: usize);
+    /// The entries of timed store `store` of `partition` whose keys sort below `below`, in key
+    /// order, as [`KeyedState::get`] sees them (a timed store's keys begin with a time, see
+    /// [`time_key`]).
+    fn due(
+        &mut self,
+        store: usize,
+        partition: i32,
+        below: &[u8],
+    ) -> Result<Entries, StoreError>;
+}
+
+/// A time (milliseconds since the epoch) as 8 bytes that sort as the times do: big-endian,
+/// the sign bit flipped. A timed store's keys begin with one.
+pub fn time_key(ms: i64) -> [u8; 8] {
+    ((ms as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// The time a key made by [`time_key`] begins with; `None` for a shorter key.
+pub fn key_time(key: &[u8]) -> Option<i64> {
+    let bytes: [u8; 8] = key.get(..8)?.try_into().ok()?;
+    Some((u64::from_be_bytes(bytes) ^ (1 << 63)) as i64)
 }
 
 /// What a record did at a store that a metric counts.
@@ -69,6 +93,8 @@ enum Tally {
     Dropped = 0,
     /// Its key had no row in a `join`'s table.
     Missed = 1,
+    /// It came after its windows closed.
+    Late = 2,
 }
 
 /// One change of a store.
@@ -127,6 +153,9 @@ impl Table {
     }
 }
 
+/// Keys with their values, in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Changes by key; `None` deletes the key.
 pub type Changes = HashMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -145,7 +174,12 @@ pub struct Stores {
     record: Vec<Change>,
     /// What metrics count of the record at hand, and of the open transaction by store.
     record_tally: Vec<(usize, Tally)>,
-    pending_tally: Vec<[u64; 2]>,
+    pending_tally: Vec<[u64; 3]>,
+    /// Whether each store is timed, by store index, and the keys of the timed ones by
+    /// (store, partition), in time order: every key its layers hold a value of, and keys of
+    /// an aborted transaction until a scan finds them gone ([`KeyedState::due`]).
+    timed: Vec<bool>,
+    timers: HashMap<(usize, i32), std::collections::BTreeSet<Vec<u8>>>,
     /// Keeps the tables of `join`s current.
     tables: table::Follower,
     /// When the last checkpoint was written after a commit.
@@ -185,6 +219,8 @@ impl Stores {
             record: Vec::new(),
             record_tally: Vec::new(),
             pending_tally: Vec::new(),
+            timed: Vec::new(),
+            timers: HashMap::new(),
             tables: table::Follower::default(),
             checkpointed: Instant::now(),
             unchecked: false,
@@ -197,6 +233,44 @@ impl Stores {
     pub fn with_reader(mut self, consumer: restore::RestoreConsumer, timeout: Duration) -> Stores {
         self.reader = Some((consumer, timeout));
         self
+    }
+
+    /// Stores of which those `timed` says are timed (by store index): their keys begin with
+    /// a time, and the job keeps them in time order ([`KeyedState::due`]).
+    pub fn with_timed(mut self, timed: Vec<bool>) -> Stores {
+        self.timed = timed;
+        self
+    }
+
+    fn is_timed(&self, store: usize) -> bool {
+        self.timed.get(store).copied().unwrap_or(false)
+    }
+
+    /// The timed stores' keys of `partitions`, read from the committed state (after a
+    /// restore).
+    fn index_timers(&mut self, partitions: &[i32]) {
+        for store in (0..self.timed.len()).filter(|&s| self.timed[s]) {
+            for &p in partitions {
+                let keys = self
+                    .backend
+                    .entries((store, p))
+                    .into_iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| k.len() >= 8)
+                    .collect();
+                self.timers.insert((store, p), keys);
+            }
+        }
+    }
+
+    /// The partitions of timed store `store` this instance holds, and the first time a key of
+    /// each begins with (`None`: no key).
+    pub fn timer_partitions(&self, store: usize) -> Vec<(i32, Option<i64>)> {
+        self.timers
+            .iter()
+            .filter(|((s, _), _)| *s == store)
+            .map(|(&(_, p), keys)| (p, keys.first().and_then(|k| key_time(k))))
+            .collect()
     }
 
     /// Stores whose tables are followed by `consumer` once restored.
@@ -212,9 +286,11 @@ impl Stores {
         partitions: &[i32],
     ) -> Result<restore::Restored, restore::RestoreError> {
         let Some((consumer, timeout)) = self.reader.take() else {
+            self.index_timers(partitions);
             return Ok(restore::Restored::default());
         };
         let result = restore::restore(&consumer, self, partitions, timeout);
+        self.index_timers(partitions);
         self.reader = Some((consumer, timeout));
         let (restored, reached) = result?;
         for (store, partition, offset) in reached {
@@ -294,7 +370,7 @@ impl Stores {
     pub fn take_record(&mut self) -> Vec<Change> {
         for (store, tally) in self.record_tally.drain(..) {
             if self.pending_tally.len() <= store {
-                self.pending_tally.resize(store + 1, [0; 2]);
+                self.pending_tally.resize(store + 1, [0; 3]);
             }
             self.pending_tally[store][tally as usize] += 1;
         }
@@ -322,6 +398,13 @@ impl Stores {
             }
         }
         let pending = std::mem::take(&mut self.pending);
+        for ((store, partition), changes) in &pending {
+            if let Some(keys) = self.timers.get_mut(&(*store, *partition)) {
+                for (key, _) in changes.iter().filter(|(_, v)| v.is_none()) {
+                    keys.remove(key);
+                }
+            }
+        }
         self.backend.apply(pending, &[])?;
         self.unchecked = true;
         crate::telemetry::state_committed(&self.topics, &counts, &self.sizes());
@@ -414,6 +497,7 @@ impl Stores {
                 self.tables.unfollow(store, partition)?;
             }
             self.backend.release((store, partition));
+            self.timers.remove(&(store, partition));
         }
         Ok(())
     }
@@ -499,7 +583,9 @@ pub fn open(
     let config = restore::restore_config(consumer_config);
     let timeout = Duration::from_millis(runtime.transaction_timeout_ms);
     let tables = stores.iter().any(|(_, s)| *s != StoreSource::Changelog);
-    let stores = Stores::new(stores, backend).with_reader(restore::consumer(&config)?, timeout);
+    let stores = Stores::new(stores, backend)
+        .with_timed(topology.timed_stores())
+        .with_reader(restore::consumer(&config)?, timeout);
     Ok(if tables {
         stores.with_follower(restore::consumer(&config)?)
     } else {
@@ -545,6 +631,12 @@ impl KeyedState for Stores {
     }
 
     fn put(&mut self, store: usize, partition: i32, key: &[u8], value: Option<Vec<u8>>) {
+        if value.is_some() && key.len() >= 8 && self.is_timed(store) {
+            self.timers
+                .entry((store, partition))
+                .or_default()
+                .insert(key.to_vec());
+        }
         self.record.push(Change {
             store,
             partition,
@@ -559,6 +651,53 @@ impl KeyedState for Stores {
 
     fn missed(&mut self, store: usize) {
         self.record_tally.push((store, Tally::Missed));
+    }
+
+    fn late(&mut self, store: usize) {
+        self.record_tally.push((store, Tally::Late));
+    }
+
+    fn due(
+        &mut self,
+        store: usize,
+        partition: i32,
+        below: &[u8],
+    ) -> Result<Entries, StoreError> {
+        let Some(keys) = self.timers.get(&(store, partition)) else {
+            return Ok(Vec::new());
+        };
+        let candidates: Vec<Vec<u8>> = keys
+            .range::<[u8], _>((std::ops::Bound::Unbounded, std::ops::Bound::Excluded(below)))
+            .cloned()
+            .collect();
+        let mut due = Vec::with_capacity(candidates.len());
+        let mut gone = Vec::new();
+        for key in candidates {
+            match self.get(store, partition, &key)? {
+                Some(v) => due.push((key, v.into_owned())),
+                None => {
+                    // A key no layer holds a change of is gone for good (its transaction
+                    // aborted, or it was deleted by one that committed).
+                    let changing = self
+                        .record
+                        .iter()
+                        .any(|c| c.store == store && c.partition == partition && c.key == key)
+                        || self
+                            .pending
+                            .get(&(store, partition))
+                            .is_some_and(|p| p.contains_key(&key));
+                    if !changing {
+                        gone.push(key);
+                    }
+                }
+            }
+        }
+        if let Some(keys) = self.timers.get_mut(&(store, partition)) {
+            for key in gone {
+                keys.remove(&key);
+            }
+        }
+        Ok(due)
     }
 }
 

@@ -50,6 +50,9 @@ pub const OUTBOX_LATENCY: &str = "onceflow_outbox_publish_latency_seconds";
 pub const STATE_KEYS: &str = "onceflow_state_keys";
 pub const DEDUPE_DROPPED: &str = "onceflow_dedupe_dropped_total";
 pub const JOIN_MISSES: &str = "onceflow_join_misses_total";
+pub const LATE_RECORDS: &str = "onceflow_state_late_records_total";
+pub const DELAY_LATENESS: &str = "onceflow_delay_lateness_seconds";
+pub const DELAY_EMITTED: &str = "onceflow_delay_emitted_total";
 pub const TABLE_RECORDS: &str = "onceflow_table_records_read_total";
 pub const STATE_BYTES: &str = "onceflow_state_bytes";
 pub const STATE_CHANGES: &str = "onceflow_state_changes_total";
@@ -197,6 +200,18 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "Records whose key had no row in a join's table, committed, by store (the table topic).",
     ),
     (
+        LATE_RECORDS,
+        "Records a windowed aggregate dropped because every window they fall in had closed (stream time past its end plus grace), committed, by store (the changelog topic).",
+    ),
+    (
+        DELAY_LATENESS,
+        "How long after its due time a delayed record was sent, in the transaction that emitted it, by store (the changelog topic).",
+    ),
+    (
+        DELAY_EMITTED,
+        "Delayed records sent when due, committed, by store (the changelog topic).",
+    ),
+    (
         TABLE_RECORDS,
         "Records of a join's table read while following it (after its restore), by table topic.",
     ),
@@ -258,6 +273,12 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
         })
         .and_then(|b| {
             b.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(DELAY_LATENESS.to_string()),
+                &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
                 metrics_exporter_prometheus::Matcher::Full(STATE_RESTORE_DURATION.to_string()),
                 &[0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0],
             )
@@ -273,7 +294,14 @@ fn describe() {
         let help = *help;
         if name.ends_with("_total") {
             describe_counter!(name, help);
-        } else if name == COMMIT_DURATION || name == HTTP_DURATION || name == OUTBOX_LATENCY {
+        } else if [
+            COMMIT_DURATION,
+            HTTP_DURATION,
+            OUTBOX_LATENCY,
+            DELAY_LATENESS,
+        ]
+        .contains(&name)
+        {
             describe_histogram!(name, Unit::Seconds, help);
         } else if name == TXN_RECORDS {
             describe_histogram!(name, Unit::Count, help);

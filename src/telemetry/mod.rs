@@ -176,8 +176,11 @@ pub fn table_read(topic: &str, records: u64) {
 
 /// A transaction committed these records dropped by `dedupe` steps and missed by `join`s,
 /// by store.
-pub fn state_tally(stores: &[String], tally: &[[u64; 2]]) {
-    for (store, &[dropped, missed]) in stores.iter().zip(tally) {
+pub fn state_tally(stores: &[String], tally: &[[u64; 3]]) {
+    for (store, &[dropped, missed, late]) in stores.iter().zip(tally) {
+        if late > 0 {
+            counter!(m::LATE_RECORDS, "store" => store.clone()).increment(late);
+        }
         if dropped > 0 {
             counter!(m::DEDUPE_DROPPED, "store" => store.clone()).increment(dropped);
         }

@@ -510,7 +510,8 @@ fn validate_processor(here: &str, p: &Processor, issue: &mut dyn FnMut(String, &
         | Processor::DropEmpty {}
         | Processor::Aggregate(_)
         | Processor::Dedupe(_)
-        | Processor::Join(_) => {}
+        | Processor::Join(_)
+        | Processor::Delay(_) => {}
     }
 }
 

@@ -10,6 +10,7 @@
 //! * [`processor`]: the processors of a pipeline, as written in the file;
 //! * `runtime`: when a transaction commits and what becomes of a failing record
 //!   ([`Runtime`]);
+//! * [`state`], [`time`]: the stateful steps, and their event time (windows, `delay`);
 //! * [`avro`], [`http`], [`outbox`], [`postgres`]: the sections of Avro, HTTP outputs, outbox
 //!   inputs and PostgreSQL outputs, each with the checks of its own fields;
 //! * `check`: the checks of a whole topology ([`Topology::validate`]).
@@ -25,6 +26,7 @@ pub mod processor;
 mod check;
 mod runtime;
 pub mod state;
+pub mod time;
 
 use std::collections::BTreeMap;
 
@@ -35,6 +37,7 @@ pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, State
 pub use state::{
     AggregateConfig, AggregateOp, DedupeConfig, Emit, JoinConfig, OnMiss, StoreSource,
 };
+pub use time::{DelayConfig, Late, WindowConfig, WindowSpec};
 
 pub mod avro;
 pub mod http;

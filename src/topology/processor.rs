@@ -39,6 +39,8 @@ pub enum Processor {
     /// Looks the record's key up in a table (a compacted topic) and puts the row in a field
     /// (see [`super::state`]).
     Join(super::state::JoinConfig),
+    /// Holds each record until it is due, by the wall clock (see [`super::time`]).
+    Delay(super::time::DelayConfig),
 }
 
 impl Processor {
@@ -57,6 +59,7 @@ impl Processor {
             Processor::Aggregate(_) => "aggregate",
             Processor::Dedupe(_) => "dedupe",
             Processor::Join(_) => "join",
+            Processor::Delay(_) => "delay",
         }
     }
 

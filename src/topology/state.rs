@@ -37,10 +37,14 @@ pub struct AggregateConfig {
     /// replaces the value.
     #[serde(default, rename = "as")]
     pub into: Option<String>,
-    /// When the new state goes downstream: on every update (the default), or once per key
-    /// per commit, with the key's latest state.
+    /// When the new state goes downstream: on every update (the default), once per key per
+    /// commit with the key's latest state, or (windows only) once per window and key when it
+    /// closes.
     #[serde(default)]
     pub emit: Emit,
+    /// The state is kept per key and per time window ([`super::time`]).
+    #[serde(default)]
+    pub window: Option<super::time::WindowConfig>,
 }
 
 /// When an `aggregate` hands its new state downstream.
@@ -54,6 +58,9 @@ pub enum Emit {
     /// (what the pipeline makes of its latest state), sent as it commits. Outputs must be
     /// Kafka topics.
     PerCommit,
+    /// Windows only: once per window and key, its final state, when stream time passes the
+    /// window's end plus its grace.
+    Final,
 }
 
 /// Settings of `dedupe`: passes the first record of each id (the record key unless `id` says
@@ -198,6 +205,7 @@ impl Topology {
                 Processor::Aggregate(a) => Some((i, a.name.as_str())),
                 Processor::Dedupe(d) => Some((i, d.name.as_str())),
                 Processor::Join(j) => Some((i, j.name.as_str())),
+                Processor::Delay(d) => Some((i, d.name.as_str())),
                 _ => None,
             })
     }
@@ -210,6 +218,18 @@ impl Topology {
                 Processor::Join(j) if j.global => (j.table.clone(), StoreSource::GlobalTable),
                 Processor::Join(j) => (j.table.clone(), StoreSource::Table),
                 _ => (self.changelog_topic(name), StoreSource::Changelog),
+            })
+            .collect()
+    }
+
+    /// Whether each store is timed, by store index: its keys begin with a time (a window's
+    /// end, a delayed record's due time) and the job keeps them in time order.
+    pub fn timed_stores(&self) -> Vec<bool> {
+        self.stores()
+            .map(|(i, _)| match &self.pipeline[i] {
+                Processor::Aggregate(a) => a.window.is_some(),
+                Processor::Delay(_) => true,
+                _ => false,
             })
             .collect()
     }
@@ -237,6 +257,7 @@ impl Topology {
                 Processor::Aggregate(a) => &a.name,
                 Processor::Dedupe(d) => &d.name,
                 Processor::Join(j) => &j.name,
+                Processor::Delay(d) => &d.name,
                 _ => continue,
             };
             if !is_valid_name(name) {
@@ -251,7 +272,9 @@ impl Topology {
                 );
             }
             names.push(name);
-            let global = matches!(p, Processor::Join(j) if j.global);
+            // A delay keeps records by due time, whatever their key.
+            let global =
+                matches!(p, Processor::Join(j) if j.global) || matches!(p, Processor::Delay(_));
             writes |= !matches!(p, Processor::Join(_));
             if let (Some(k), false) = (rekeyed, global) {
                 issue(
@@ -269,6 +292,11 @@ impl Topology {
                     }
                 }
                 Processor::Join(j) => validate_join(&here, j, issue),
+                Processor::Delay(d) => {
+                    if let Err((field, e)) = d.fixed_ms() {
+                        issue(format!("{here}.{field}"), &e);
+                    }
+                }
                 _ => {}
             }
         }
@@ -281,13 +309,27 @@ impl Topology {
                 "a topology with a stateful step reads exactly one topic: its stores are kept per partition of that topic",
             );
         }
-        if let Some(i) = self.coalescing_step() {
+        let holding = self
+            .coalescing_step()
+            .map(|i| {
+                (
+                    i,
+                    "aggregate.emit is `per_commit`, which holds outputs until the commit",
+                )
+            })
+            .or_else(|| {
+                self.pipeline
+                    .iter()
+                    .position(|p| matches!(p, Processor::Delay(_)))
+                    .map(|i| (i, "delay holds outputs until they are due"))
+            });
+        if let Some((i, why)) = holding {
             for (o, out) in self.outputs.iter().enumerate() {
                 if out.topic.is_none() {
                     issue(
                         format!("outputs[{o}]"),
                         &format!(
-                            "must be a Kafka topic: pipeline[{i}].aggregate.emit is `per_commit`, which holds outputs until the commit, and a PostgreSQL or HTTP output commits before it"
+                            "must be a Kafka topic: pipeline[{i}].{why}, and a PostgreSQL or HTTP output commits before the job's transaction"
                         ),
                     );
                 }
@@ -352,6 +394,28 @@ fn validate_aggregate(here: &str, a: &AggregateConfig, issue: &mut dyn FnMut(Str
             issue(
                 format!("{here}.{field}"),
                 &format!("is only for `op: reduce`, not `op: {op}`"),
+            );
+        }
+    }
+    match (&a.window, a.emit) {
+        (None, Emit::Final) => issue(
+            format!("{here}.emit"),
+            "`final` is for windows: add `window`, e.g. `window: {tumbling: 1m}`",
+        ),
+        (Some(_), Emit::PerCommit) => issue(
+            format!("{here}.emit"),
+            "a window emits on every update or, with `final`, once when it closes; not `per_commit`",
+        ),
+        _ => {}
+    }
+    if let Some(w) = &a.window {
+        if let Err((field, e)) = w.spec() {
+            issue(format!("{here}.window.{field}"), &e);
+        }
+        if a.delete.is_some() {
+            issue(
+                format!("{here}.delete"),
+                "a window's state ends when the window closes; `delete` is for aggregates without one",
             );
         }
     }

@@ -24,6 +24,8 @@ pub(super) struct Aggregate {
     pub init: Option<Expression>,
     pub delete: Option<Expression>,
     pub into: Option<FieldPath>,
+    /// Its windows, when it has any: the state is then kept per key and window.
+    pub window: Option<super::window::Window>,
 }
 
 impl Aggregate {
@@ -58,27 +60,8 @@ impl Aggregate {
                 format!("the state of this key cannot be read: {e}"),
             )
         })?;
-        let old: Option<Json> = match stored {
-            None => None,
-            Some(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-                fail(
-                    ErrorKind::BadJson,
-                    format!("the stored state of this key is not JSON: {e}"),
-                )
-            })?),
-        };
-        let new = match self.op {
-            AggregateOp::Count => fold(self.op, old, Json::Null),
-            AggregateOp::Reduce => self.reduce(old, work, fail)?,
-            _ => {
-                let Some(of) = &self.of else {
-                    return Err(fail(ErrorKind::Expression, "no `of` expression".into()));
-                };
-                let part = eval_json(of, work, fail)?;
-                fold(self.op, old, part)
-            }
-        }
-        .map_err(|m| fail(ErrorKind::WrongType, m))?;
+        let stored = stored.map(std::borrow::Cow::into_owned);
+        let new = self.fold_record(stored.as_deref(), work, fail)?;
         let bytes =
             serde_json::to_vec(&new).map_err(|e| fail(ErrorKind::WrongType, e.to_string()))?;
         state.put(self.store, partition, &key, Some(bytes));
@@ -89,6 +72,36 @@ impl Aggregate {
                 .map_err(|m| fail(ErrorKind::WrongType, m))?,
         }
         Ok(())
+    }
+
+    /// The new state from the stored one (`None`: the key's first record) and `work`.
+    pub fn fold_record(
+        &self,
+        stored: Option<&[u8]>,
+        work: &mut Work<'_>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<Json, RecordError> {
+        let old: Option<Json> = match stored {
+            None => None,
+            Some(bytes) => Some(serde_json::from_slice(bytes).map_err(|e| {
+                fail(
+                    ErrorKind::BadJson,
+                    format!("the stored state of this key is not JSON: {e}"),
+                )
+            })?),
+        };
+        match self.op {
+            AggregateOp::Count => fold(self.op, old, Json::Null),
+            AggregateOp::Reduce => self.reduce(old, work, fail)?,
+            _ => {
+                let Some(of) = &self.of else {
+                    return Err(fail(ErrorKind::Expression, "no `of` expression".into()));
+                };
+                let part = eval_json(of, work, fail)?;
+                fold(self.op, old, part)
+            }
+        }
+        .map_err(|m| fail(ErrorKind::WrongType, m))
     }
 
     /// `init` for a key's first record, then `reduce` with `state` bound to the state.
@@ -192,7 +205,7 @@ fn less_than(a: &Json, b: &Json) -> Result<bool, String> {
 }
 
 /// `value` as the pipeline's document: an object by its fields, any other value whole.
-fn doc_of(value: Json) -> Doc<'static> {
+pub(super) fn doc_of(value: Json) -> Doc<'static> {
     match value {
         Json::Object(map) => Doc::Object(
             map.into_iter()

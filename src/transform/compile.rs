@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use super::aggregate::Aggregate;
 use super::dedupe::Dedupe;
+use super::delay::Delay;
 use super::expr::Expression;
 use super::join::Join;
+use super::window::Window;
 use super::{HeaderValue, OutputSpec, Route, Step, split};
 use crate::codec::Encoder;
 use crate::topology::{
@@ -130,6 +132,28 @@ impl<'t> Compiler<'t> {
                 })
             }
             Processor::DropEmpty {} => Some(Step::DropEmpty),
+            Processor::Delay(d) => {
+                let store = self.stores;
+                self.stores += 1;
+                let until = match &d.until {
+                    Some(src) => Some(self.expression(format!("{here}.until"), src)?),
+                    None => None,
+                };
+                match d.fixed_ms() {
+                    Ok(fixed_ms) => Some(Step::Delay(Delay {
+                        store,
+                        until,
+                        fixed_ms,
+                    })),
+                    Err((field, message)) => {
+                        self.issues.push(ConfigIssue {
+                            path: format!("{here}.{field}"),
+                            message,
+                        });
+                        None
+                    }
+                }
+            }
             Processor::Route(_) => None,
         }
     }
@@ -155,6 +179,32 @@ impl<'t> Compiler<'t> {
         let reduce = compile("reduce", &a.reduce, &["state"]);
         let init = compile("init", &a.init, &[]);
         let delete = compile("delete", &a.delete, &[]);
+        let time = a
+            .window
+            .as_ref()
+            .and_then(|w| compile("window.time", &w.time, &[]));
+        let window = match &a.window {
+            None => None,
+            Some(w) => match w.spec() {
+                Ok(spec) => Some(Window {
+                    spec,
+                    time: match time {
+                        Some(e) => Some(e?),
+                        None => None,
+                    },
+                    late: w.late,
+                    emit_final: a.emit == crate::topology::Emit::Final,
+                    field: a.into.clone().unwrap_or_else(|| "value".into()),
+                }),
+                Err((field, message)) => {
+                    self.issues.push(ConfigIssue {
+                        path: format!("{here}.window.{field}"),
+                        message,
+                    });
+                    return None;
+                }
+            },
+        };
         // A compiled-out expression (None inside Some) was reported.
         let of = match (of, reduce) {
             (Some(e), _) | (None, Some(e)) => Some(e?),
@@ -173,6 +223,7 @@ impl<'t> Compiler<'t> {
                 None => None,
             },
             into: a.into.as_deref().map(split),
+            window,
         })
     }
 

@@ -10,9 +10,11 @@
 mod aggregate;
 mod compile;
 mod dedupe;
+pub mod delay;
 pub mod expr;
 mod fast;
 mod join;
+pub mod window;
 
 use serde_json::Value as Json;
 
@@ -123,6 +125,7 @@ enum Step {
     Aggregate(Box<aggregate::Aggregate>),
     Dedupe(dedupe::Dedupe),
     Join(join::Join),
+    Delay(delay::Delay),
 }
 
 struct Route {
@@ -349,7 +352,22 @@ impl Pipeline {
                 Step::Explode { field, into } => {
                     return self.explode(index, (field, into), work, state, out, &fail);
                 }
-                Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
+                Step::Aggregate(a) => {
+                    if let Some(w) = &a.window {
+                        for each in w.apply(a, work, state, &fail)? {
+                            self.run(index + 1, each, state, out)?;
+                        }
+                        return Ok(());
+                    }
+                    a.apply(&mut work, state, &fail)?;
+                }
+                Step::Delay(d) => {
+                    let due = d.due(&mut work, &fail)?;
+                    let (partition, offset) = (work.origin.partition, work.origin.offset);
+                    let mut held = Vec::new();
+                    self.run(index + 1, work, state, &mut held)?;
+                    return d.hold(due, partition, offset, held, state, out, &fail);
+                }
                 Step::Dedupe(d) => {
                     if !d.apply(&mut work, state, &fail)? {
                         return Ok(());

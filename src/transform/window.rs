@@ -1,0 +1,435 @@
+//! Windows of an `aggregate`: the state is kept per key and per time window, and windows
+//! close by **stream time**, the largest event time the step has seen on the partition.
+//!
+//! A record's event time cuts the windows it falls in ([`windows_of`]); it folds into those
+//! still open, each its own state. Stream time is kept in the same store (under the empty
+//! key), so it is written to the changelog in the transaction that moved it, restored with
+//! the windows, and the same after a restart or a rebalance as before. A window closes when
+//! stream time reaches its end plus the grace ([`is_closed`]): a record whose every window
+//! has closed is late (dropped and counted, or dead-lettered). A closed window leaves the
+//! store (a tombstone in the changelog); with `emit: final` its state goes downstream then,
+//! once, in the transaction that deletes it: a crash before that commit leaves both undone,
+//! and the records that come again close it again.
+//!
+//! A window's key is its end, its start and the record key ([`window_key`]): the store is
+//! timed, so the windows that close are found in end order without a scan
+//! ([`crate::state::KeyedState::due`]).
+
+use serde_json::Value as Json;
+
+use super::aggregate::{Aggregate, doc_of};
+use super::expr::Expression;
+use super::{Work, eval_json};
+use crate::codec::Value;
+use crate::codec::json::type_name;
+use crate::record::{ErrorKind, RecordError};
+use crate::state::{KeyedState, key_time, time_key};
+use crate::topology::{Late, WindowSpec};
+
+/// The key stream time is kept under in a windowed store (no window key is this short).
+const STREAM_TIME: &[u8] = b"";
+
+/// A compiled `window`.
+pub(super) struct Window {
+    pub spec: WindowSpec,
+    /// The event time; `None`: the record's timestamp.
+    pub time: Option<Expression>,
+    pub late: Late,
+    /// Whether a window's state goes downstream once when it closes (`emit: final`), not on
+    /// every update.
+    pub emit_final: bool,
+    /// The field of the output the state goes in (`as`; default `value`).
+    pub field: String,
+}
+
+/// The windows `[start, end)` a record at `ts` falls in, oldest first.
+pub fn windows_of(ts: i64, spec: &WindowSpec) -> Vec<(i64, i64)> {
+    let last = ts.div_euclid(spec.advance_ms) * spec.advance_ms;
+    let mut start = last - spec.size_ms + spec.advance_ms;
+    let mut windows = Vec::with_capacity((spec.size_ms / spec.advance_ms) as usize);
+    while start <= last {
+        windows.push((start, start.saturating_add(spec.size_ms)));
+        start += spec.advance_ms;
+    }
+    windows
+}
+
+/// Whether a window ending at `end` has closed at `stream_time`: no record is taken into it
+/// any more, and its final state is due.
+pub fn is_closed(end: i64, grace_ms: i64, stream_time: i64) -> bool {
+    end.saturating_add(grace_ms) <= stream_time
+}
+
+/// The store key of the window `[start, end)` of `key`: in end order.
+pub fn window_key(start: i64, end: i64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16 + key.len());
+    k.extend_from_slice(&time_key(end));
+    k.extend_from_slice(&time_key(start));
+    k.extend_from_slice(key);
+    k
+}
+
+/// `(start, end, record key)` of a window key.
+pub fn split_window_key(k: &[u8]) -> Option<(i64, i64, &[u8])> {
+    let end = key_time(k)?;
+    let start = key_time(k.get(8..)?)?;
+    Some((start, end, &k[16..]))
+}
+
+/// The event time of `work`: `time`'s value (milliseconds since the epoch, or an RFC 3339
+/// string), or the record's timestamp.
+pub(super) fn event_time(
+    time: Option<&Expression>,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<i64, RecordError> {
+    let Some(e) = time else {
+        return work.timestamp.ok_or_else(|| {
+            fail(
+                ErrorKind::MissingField,
+                "the record has no timestamp: give the event time with `time`".into(),
+            )
+        });
+    };
+    match eval_json(e, work, fail)? {
+        Json::Number(n) => n
+            .as_i64()
+            .or_else(|| n.as_f64().map(|f| f as i64))
+            .ok_or_else(|| fail(ErrorKind::WrongType, format!("`{n}` is not a time"))),
+        Json::String(s) => humantime::parse_rfc3339_weak(&s)
+            .map_err(|err| {
+                fail(
+                    ErrorKind::WrongType,
+                    format!("`{s}` is not an RFC 3339 time: {err}"),
+                )
+            })
+            .map(|t| match t.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+                Err(before) => -i64::try_from(before.duration().as_millis()).unwrap_or(i64::MAX),
+            }),
+        other => Err(fail(
+            ErrorKind::WrongType,
+            format!(
+                "`{}` gave {}: a time is milliseconds since the epoch or an RFC 3339 string",
+                e.source(),
+                type_name(&other)
+            ),
+        )),
+    }
+}
+
+impl Window {
+    /// Folds `work` into its open windows and closes those stream time has passed: what
+    /// goes downstream, oldest window first (the closed windows' final states with `emit:
+    /// final`, else each updated window's new state).
+    pub fn apply<'a>(
+        &self,
+        agg: &Aggregate,
+        mut work: Work<'a>,
+        state: &mut dyn KeyedState,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<Vec<Work<'a>>, RecordError> {
+        let Some(key) = work.key.clone() else {
+            return Err(fail(
+                ErrorKind::MissingField,
+                "the record has no key: `aggregate` keeps a state per record key".into(),
+            ));
+        };
+        let (store, partition) = (agg.store, work.origin.partition);
+        let unreadable = |e: crate::state::store::StoreError| {
+            fail(
+                ErrorKind::Unavailable,
+                format!("the state of this key cannot be read: {e}"),
+            )
+        };
+        let ts = event_time(self.time.as_ref(), &mut work, fail)?;
+        let seen = state
+            .get(store, partition, STREAM_TIME)
+            .map_err(unreadable)?
+            .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok());
+        let stream_time = seen.map_or(ts, |s| s.max(ts));
+        let open: Vec<(i64, i64)> = windows_of(ts, &self.spec)
+            .into_iter()
+            .filter(|&(_, end)| !is_closed(end, self.spec.grace_ms, stream_time))
+            .collect();
+        if open.is_empty() {
+            if self.late == Late::DeadLetter {
+                return Err(fail(
+                    ErrorKind::Late,
+                    format!(
+                        "event time {ts} is after every window it falls in closed (stream time {stream_time}, grace {} ms)",
+                        self.spec.grace_ms
+                    ),
+                ));
+            }
+            state.late(store);
+        }
+        if seen != Some(stream_time) {
+            state.put(
+                store,
+                partition,
+                STREAM_TIME,
+                Some(stream_time.to_string().into_bytes()),
+            );
+        }
+        let mut updated = Vec::new();
+        for (start, end) in open {
+            let wk = window_key(start, end, &key);
+            let stored = state
+                .get(store, partition, &wk)
+                .map_err(unreadable)?
+                .map(std::borrow::Cow::into_owned);
+            let new = agg.fold_record(stored.as_deref(), &mut work, fail)?;
+            let bytes =
+                serde_json::to_vec(&new).map_err(|e| fail(ErrorKind::WrongType, e.to_string()))?;
+            state.put(store, partition, &wk, Some(bytes));
+            if !self.emit_final {
+                updated.push(self.result(&work, key.clone(), start, end, new));
+            }
+        }
+        let closing = time_key(
+            stream_time
+                .saturating_sub(self.spec.grace_ms)
+                .saturating_add(1),
+        );
+        let mut out = Vec::new();
+        for (wk, bytes) in state.due(store, partition, &closing).map_err(unreadable)? {
+            state.put(store, partition, &wk, None);
+            let Some((start, end, k)) = split_window_key(&wk) else {
+                continue;
+            };
+            if self.emit_final {
+                let value = serde_json::from_slice(&bytes).map_err(|e| {
+                    fail(
+                        ErrorKind::BadJson,
+                        format!("the stored state of a window is not JSON: {e}"),
+                    )
+                })?;
+                out.push(self.result(&work, k.to_vec(), start, end, value));
+            }
+        }
+        out.extend(updated);
+        Ok(out)
+    }
+
+    /// What goes downstream of window `[start, end)` of `key` with state `value`: an object
+    /// with the window's bounds and the state, keyed by `key`, timed at the window's last
+    /// millisecond (so a window of these results puts it in the window it summarises).
+    fn result<'a>(
+        &self,
+        work: &Work<'a>,
+        key: Vec<u8>,
+        start: i64,
+        end: i64,
+        value: Json,
+    ) -> Work<'a> {
+        let mut doc = serde_json::Map::new();
+        doc.insert("start".into(), Json::from(start));
+        doc.insert("end".into(), Json::from(end));
+        doc.insert(self.field.clone(), value);
+        Work {
+            value_len: 0,
+            key: Some(key),
+            key_doc: None,
+            body: Value::Json(Some(doc_of(Json::Object(doc)))),
+            headers: Vec::new(),
+            timestamp: Some(end - 1),
+            origin: work.origin.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Origin, Record};
+    use crate::state::Stores;
+    use crate::topology::Topology;
+    use crate::transform::Pipeline;
+
+    fn job(step: &str) -> (Pipeline, Stores) {
+        let yaml = format!(
+            "name: t\ninputs: [{{topic: in, codec: json}}]\npipeline: [{{aggregate: {step}}}]\noutputs: [{{topic: out}}]\n"
+        );
+        let t = Topology::parse(&yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let p = Pipeline::compile(&t).unwrap_or_else(|e| panic!("{e:?}"));
+        let s = Stores::new(
+            t.store_topics(),
+            Box::<crate::state::store::Memory>::default(),
+        )
+        .with_timed(t.timed_stores());
+        (p, s)
+    }
+
+    /// Feeds (key, event time) records on partition 0, each committed alone (or aborted,
+    /// where `commit` says no): what each emitted, as `key:start-end=state`, or its error.
+    fn feed(p: &Pipeline, s: &mut Stores, records: &[(&str, i64)], commit: bool) -> Vec<String> {
+        records
+            .iter()
+            .map(|(key, ts)| {
+                let mut out = Vec::new();
+                s.begin_record();
+                let r = Record {
+                    key: Some(key.as_bytes().to_vec()),
+                    value: Some(b"{}".to_vec()),
+                    headers: Vec::new(),
+                    timestamp: Some(*ts),
+                    origin: Origin {
+                        topic: "in".into(),
+                        partition: 0,
+                        offset: 0,
+                    },
+                };
+                match p.process_with(r, s, &mut out) {
+                    Ok(()) => {
+                        let _ = s.take_record();
+                        if commit {
+                            s.commit().expect("a memory store");
+                        } else {
+                            s.abort();
+                        }
+                        out.iter()
+                            .map(|(_, r)| {
+                                let v: Json =
+                                    serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+                                format!(
+                                    "{}:{}-{}={}",
+                                    String::from_utf8_lossy(r.key.as_deref().unwrap()),
+                                    v["start"],
+                                    v["end"],
+                                    v["n"]
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    }
+                    Err(e) => {
+                        s.discard_record();
+                        format!("error: {}", e.kind.name())
+                    }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn final_results_come_once_per_window_and_key_when_stream_time_passes_end_plus_grace() {
+        let (p, mut s) =
+            job("{name: n, op: count, as: n, emit: final, window: {tumbling: 10ms, grace: 5ms}}");
+        let got = feed(
+            &p,
+            &mut s,
+            &[
+                ("a", 1),
+                ("b", 3),
+                ("a", 8),
+                ("a", 12),
+                ("b", 14),
+                // Out of order, within the grace: counted in [0, 10).
+                ("a", 2),
+                // Stream time 16: [0, 10) closes.
+                ("c", 16),
+                // Late: [0, 10) closed. Dropped, counted.
+                ("a", 9),
+                ("a", 19),
+                // Stream time 30: [10, 20) closes.
+                ("b", 30),
+            ],
+            true,
+        );
+        assert_eq!(
+            got,
+            [
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "a:0-10=3 b:0-10=1",
+                "",
+                "",
+                "a:10-20=2 b:10-20=1 c:10-20=1",
+            ]
+        );
+        // What is left: stream time and the open window [30, 40) of b.
+        assert_eq!(s.sizes(), [(2, 2 + 17 + 1)]);
+    }
+
+    #[test]
+    fn a_closing_in_an_aborted_transaction_comes_again_with_the_record_that_closes_it() {
+        let (p, mut s) = job("{name: n, op: count, as: n, emit: final, window: {tumbling: 10ms}}");
+        feed(&p, &mut s, &[("a", 1), ("a", 2)], true);
+        assert_eq!(feed(&p, &mut s, &[("b", 10)], false), ["a:0-10=2"]);
+        assert_eq!(feed(&p, &mut s, &[("b", 10)], true), ["a:0-10=2"]);
+        assert_eq!(feed(&p, &mut s, &[("b", 11)], true), [""]);
+    }
+
+    #[test]
+    fn hopping_windows_emit_every_update_and_late_records_can_be_dead_lettered() {
+        let (p, mut s) = job(
+            "{name: n, op: count, as: n, window: {hopping: 20ms, advance: 10ms, late: dead_letter}}",
+        );
+        let got = feed(
+            &p,
+            &mut s,
+            &[("a", 15), ("a", 25), ("a", 3), ("a", 45)],
+            true,
+        );
+        assert_eq!(
+            got,
+            [
+                "a:0-20=1 a:10-30=1",
+                "a:10-30=2 a:20-40=1",
+                "error: late",
+                "a:30-50=1 a:40-60=1",
+            ]
+        );
+    }
+
+    fn spec(size_ms: i64, advance_ms: i64) -> WindowSpec {
+        WindowSpec {
+            size_ms,
+            advance_ms,
+            grace_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_record_falls_in_one_tumbling_window_and_in_size_over_advance_hopping_ones() {
+        assert_eq!(windows_of(0, &spec(60, 60)), [(0, 60)]);
+        assert_eq!(windows_of(59, &spec(60, 60)), [(0, 60)]);
+        assert_eq!(windows_of(60, &spec(60, 60)), [(60, 120)]);
+        assert_eq!(windows_of(-1, &spec(60, 60)), [(-60, 0)]);
+        assert_eq!(
+            windows_of(65, &spec(60, 20)),
+            [(20, 80), (40, 100), (60, 120)]
+        );
+        assert_eq!(
+            windows_of(60, &spec(60, 20)),
+            [(20, 80), (40, 100), (60, 120)]
+        );
+        assert_eq!(
+            windows_of(59, &spec(60, 20)),
+            [(0, 60), (20, 80), (40, 100)]
+        );
+    }
+
+    #[test]
+    fn a_window_closes_when_stream_time_reaches_its_end_plus_grace() {
+        assert!(!is_closed(60, 10, 69));
+        assert!(is_closed(60, 10, 70));
+        assert!(is_closed(60, 0, 60));
+        assert!(!is_closed(i64::MAX, 10, i64::MAX - 1));
+    }
+
+    #[test]
+    fn window_keys_sort_by_end_then_start_and_split_back() {
+        let a = window_key(-60, 0, b"k");
+        let b = window_key(0, 60, b"a");
+        let c = window_key(20, 60, b"a");
+        assert!(a < b && b < c);
+        assert_eq!(split_window_key(&c), Some((20, 60, &b"a"[..])));
+        assert!(time_key(59).as_slice() < &c[..] && &c[..] < time_key(61).as_slice());
+    }
+}
