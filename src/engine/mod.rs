@@ -11,6 +11,7 @@
 //! Every call here blocks; [`run`] is meant for a dedicated thread (`spawn_blocking`), never
 //! for an async executor's worker.
 
+mod due;
 pub mod outcome;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -307,6 +308,9 @@ struct Job<'t> {
     /// most [`MAX_POLL_WAIT`]. Set by [`Job::housekeeping`] from the clock it reads anyway,
     /// so a record costs no second clock read and no second lock of the transaction.
     poll_wait: Duration,
+    /// The store of each `delay` step, and when the job next looks for due records.
+    delays: Vec<usize>,
+    next_punctuation: Instant,
 }
 
 /// Whether the loop goes on.
@@ -379,6 +383,8 @@ impl<'t> Job<'t> {
             next_tick: Instant::now(),
             since_poll: 0,
             poll_wait: MAX_POLL_WAIT,
+            delays: due::delay_stores(topology),
+            next_punctuation: Instant::now(),
         })
     }
 
@@ -691,6 +697,7 @@ impl<'t> Job<'t> {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
             self.next_tick = now + Duration::from_secs(1);
         }
+        self.punctuate_if_due(consumer, txn, now)?;
         if txn.is_due(now) {
             txn.commit_in_background(consumer)?;
         }

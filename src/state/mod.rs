@@ -66,12 +66,7 @@ pub trait KeyedState {
     /// The entries of timed store `store` of `partition` whose keys sort below `below`, in key
     /// order, as [`KeyedState::get`] sees them (a timed store's keys begin with a time, see
     /// [`time_key`]).
-    fn due(
-        &mut self,
-        store: usize,
-        partition: i32,
-        below: &[u8],
-    ) -> Result<Entries, StoreError>;
+    fn due(&mut self, store: usize, partition: i32, below: &[u8]) -> Result<Entries, StoreError>;
 }
 
 /// A time (milliseconds since the epoch) as 8 bytes that sort as the times do: big-endian,
@@ -657,12 +652,7 @@ impl KeyedState for Stores {
         self.record_tally.push((store, Tally::Late));
     }
 
-    fn due(
-        &mut self,
-        store: usize,
-        partition: i32,
-        below: &[u8],
-    ) -> Result<Entries, StoreError> {
+    fn due(&mut self, store: usize, partition: i32, below: &[u8]) -> Result<Entries, StoreError> {
         let Some(keys) = self.timers.get(&(store, partition)) else {
             return Ok(Vec::new());
         };

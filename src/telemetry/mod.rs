@@ -190,6 +190,15 @@ pub fn state_tally(stores: &[String], tally: &[[u64; 3]]) {
     }
 }
 
+/// Delayed records of `store` were sent, this late (milliseconds past their due time).
+pub fn delay_sent(store: &str, lateness_ms: &[i64]) {
+    counter!(m::DELAY_EMITTED, "store" => store.to_string()).increment(lateness_ms.len() as u64);
+    let h = histogram!(m::DELAY_LATENESS, "store" => store.to_string());
+    for &ms in lateness_ms {
+        h.record(ms.max(0) as f64 / 1000.0);
+    }
+}
+
 /// A transaction committed these state changes, and the stores hold these keys and bytes,
 /// by store.
 pub fn state_committed(stores: &[String], changes: &[u64], sizes: &[(u64, u64)]) {

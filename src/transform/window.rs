@@ -2,8 +2,8 @@
 //! close by **stream time**, the largest event time the step has seen on the partition.
 //!
 //! A record's event time cuts the windows it falls in ([`windows_of`]); it folds into those
-//! still open, each its own state. Stream time is kept in the same store (under the empty
-//! key), so it is written to the changelog in the transaction that moved it, restored with
+//! still open, each its own state. Stream time is kept in the same store (under the key
+//! `t`), so it is written to the changelog in the transaction that moved it, restored with
 //! the windows, and the same after a restart or a rebalance as before. A window closes when
 //! stream time reaches its end plus the grace ([`is_closed`]): a record whose every window
 //! has closed is late (dropped and counted, or dead-lettered). A closed window leaves the
@@ -26,8 +26,9 @@ use crate::record::{ErrorKind, RecordError};
 use crate::state::{KeyedState, key_time, time_key};
 use crate::topology::{Late, WindowSpec};
 
-/// The key stream time is kept under in a windowed store (no window key is this short).
-const STREAM_TIME: &[u8] = b"";
+/// The key stream time is kept under in a windowed store (no window key is this short, and
+/// a store takes no empty key).
+const STREAM_TIME: &[u8] = b"t";
 
 /// A compiled `window`.
 pub(super) struct Window {
@@ -353,7 +354,7 @@ mod tests {
             ]
         );
         // What is left: stream time and the open window [30, 40) of b.
-        assert_eq!(s.sizes(), [(2, 2 + 17 + 1)]);
+        assert_eq!(s.sizes(), [(2, 1 + 2 + 17 + 1)]);
     }
 
     #[test]

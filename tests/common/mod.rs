@@ -187,6 +187,8 @@ pub struct ReadRecord {
     /// The value's bytes as read (`value` is their lossy UTF-8 text).
     pub raw: Option<Vec<u8>>,
     pub headers: BTreeMap<String, String>,
+    /// Its timestamp (milliseconds since the epoch), when it has one.
+    pub timestamp: Option<i64>,
 }
 
 fn reader(isolation: &str) -> BaseConsumer {
@@ -396,6 +398,7 @@ fn read_to_markers(
                         value: text(msg.payload()),
                         raw: msg.payload().map(<[u8]>::to_vec),
                         headers,
+                        timestamp: msg.timestamp().to_millis(),
                     });
                 }
             }

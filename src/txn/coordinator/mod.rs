@@ -19,11 +19,13 @@
 //! * [`rewind`]: what follows a transaction that cannot commit: the classifier's decision,
 //!   the abort, the rewind to the committed offsets, the producer's rebuild.
 //! * [`coalesce`]: outputs emitted once per key per commit, held until the commit.
+//! * [`due`]: outputs no consumed record brings: delayed records that came due.
 //! * [`stats`]: the totals since the job started ([`TxnStats`], [`CommitSteps`]).
 //! * `fixture` (tests only): stub participants and the mock cluster the tests of every part
 //!   run on.
 
 mod coalesce;
+mod due;
 #[cfg(test)]
 mod fixture;
 mod kafka_commit;
@@ -52,6 +54,7 @@ use overlap::{IN_FLIGHT_POLL, Keep, Overlap};
 use participants::Participants;
 use refusals::Refusals;
 
+pub use due::Position;
 pub use stats::{CommitSteps, TxnStats};
 
 /// When a transaction is due, and how long client calls may take.
@@ -300,14 +303,8 @@ impl Txn {
         // that partition in the transaction (else the record would be skipped, lost).
         self.offsets
             .record(&origin.topic, origin.partition, origin.offset);
-        if !self.open {
-            if let Err(err) = self.producer.begin() {
-                self.fail(consumer, err, AbortReason::BeginFailed)?;
-                return Ok(Added::Aborted);
-            }
-            self.open = true;
-            self.opened_at = Instant::now();
-            self.span = tracing::info_span!("txn", seq = self.attempts + 1);
+        if self.begin_if_closed(consumer)? == Added::Aborted {
+            return Ok(Added::Aborted);
         }
         for out in outputs {
             let lineage = out.lineage.then_some(Lineage {
@@ -326,6 +323,39 @@ impl Txn {
                 return Ok(Added::Aborted);
             }
         }
+        if self.send_changes(consumer)? == Added::Aborted {
+            return Ok(Added::Aborted);
+        }
+        self.consumed.add(&origin.topic, consumed.bytes);
+        if !made_outputs && !self.participants.take_staged() {
+            self.filtered += 1;
+        }
+        self.records += 1;
+        Ok(Added::Yes)
+    }
+
+    /// Begins a transaction unless one is open; `Aborted` when it cannot begin.
+    fn begin_if_closed<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Added, TxnError> {
+        if !self.open {
+            if let Err(err) = self.producer.begin() {
+                self.fail(consumer, err, AbortReason::BeginFailed)?;
+                return Ok(Added::Aborted);
+            }
+            self.open = true;
+            self.opened_at = Instant::now();
+            self.span = tracing::info_span!("txn", seq = self.attempts + 1);
+        }
+        Ok(Added::Yes)
+    }
+
+    /// Sends the state changes of the record at hand to the changelogs.
+    fn send_changes<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+    ) -> Result<Added, TxnError> {
         for change in self.state.take_record() {
             let topic = &self.state.topics()[change.store];
             let sent = self.collector.send_change(
@@ -339,11 +369,6 @@ impl Txn {
                 return Ok(Added::Aborted);
             }
         }
-        self.consumed.add(&origin.topic, consumed.bytes);
-        if !made_outputs && !self.participants.take_staged() {
-            self.filtered += 1;
-        }
-        self.records += 1;
         Ok(Added::Yes)
     }
 
