@@ -35,13 +35,22 @@ struct Setup {
 /// A job counting records per key in tumbling 1 s windows of `value.ts`, 1 s of grace,
 /// final results only, each re-keyed by a number naming its window and key.
 fn setup(name: &str) -> Setup {
+    setup_window(
+        name,
+        "{tumbling: 1s, grace: 1s, time: value.ts}",
+        &format!("string((value.start - {BASE}) / {SIZE} * 1000 + int(string(key)))"),
+    )
+}
+
+/// A counting job with `window`, its results re-keyed by `id`.
+fn setup_window(name: &str, window: &str, id: &str) -> Setup {
     let input = unique(&format!("{name}-in"));
     let output = unique(&format!("{name}-out"));
     let job = unique(name);
     create_topics(&[&input, &output], PARTITIONS);
     let state = tempfile::tempdir().expect("state dir");
     let yaml = format!(
-        "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - aggregate: {{name: clicks, op: count, as: n, emit: final, window: {{tumbling: 1s, grace: 1s, time: value.ts}}}}\n  - set_key: string((value.start - {BASE}) / {SIZE} * 1000 + int(string(key)))\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  max_records_per_txn: 500\n  group_protocol: {}\n  state_dir: {}\n",
+        "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - aggregate: {{name: clicks, op: count, as: n, emit: final, window: {window}}}\n  - set_key: {id}\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  max_records_per_txn: 500\n  group_protocol: {}\n  state_dir: {}\n",
         group_protocol(),
         state.path().display()
     );
@@ -185,11 +194,68 @@ fn assert_final_results(s: &Setup, expected: &BTreeMap<u64, u64>) {
     );
 }
 
+const GAP: i64 = 150;
+const SESSION_GRACE: i64 = 500;
+
+/// The model of sessions: per partition, in order, a record is late when its time plus the
+/// gap and the grace is at most stream time; else it joins (and merges) its key's open
+/// sessions within the gap; then every session whose end plus gap and grace stream time
+/// has reached closes. The closed sessions by id (start - BASE, times 100, plus the key)
+/// with their counts.
+fn expected_sessions(clicks: &[Click]) -> (BTreeMap<u64, u64>, usize) {
+    let close_after = GAP + SESSION_GRACE;
+    let mut stream_time: BTreeMap<u64, i64> = BTreeMap::new();
+    // Open sessions by key: (start, end, count).
+    let mut open: BTreeMap<u64, Vec<(i64, i64, u64)>> = BTreeMap::new();
+    let mut closed = BTreeMap::new();
+    let mut bridged = 0;
+    for c in clicks {
+        let p = c.key % PARTITIONS as u64;
+        let st = stream_time.entry(p).or_insert(i64::MIN);
+        *st = (*st).max(c.ts);
+        let st = *st;
+        if c.ts + close_after > st {
+            let sessions = open.entry(c.key).or_default();
+            let (near, mut far): (Vec<_>, Vec<_>) = sessions
+                .drain(..)
+                .partition(|&(s, e, _)| s - GAP <= c.ts && c.ts <= e + GAP);
+            bridged += usize::from(near.len() > 1);
+            let merged = near
+                .iter()
+                .fold((c.ts, c.ts, 1), |(s, e, n), &(s2, e2, n2)| {
+                    (s.min(s2), e.max(e2), n + n2)
+                });
+            far.push(merged);
+            *sessions = far;
+        }
+        for (key, sessions) in open.iter_mut().filter(|(k, _)| *k % PARTITIONS as u64 == p) {
+            sessions.retain(|&(s, e, n)| {
+                let done = e + close_after <= st;
+                if done {
+                    closed.insert((s - BASE) as u64 * 100 + key, n);
+                }
+                !done
+            });
+        }
+    }
+    (closed, bridged)
+}
+
 #[test]
 fn the_model_has_late_records_and_windows_to_close() {
-    let (finals, late) = expected(&clicks(20_000));
+    let clicks = clicks(20_000);
+    let (finals, late) = expected(&clicks);
     assert!(late > 200, "{late} late records");
     assert!(finals.len() > 1_000, "{} windows", finals.len());
+    // Sessions merge: fewer sessions than a record's own would make, and some of many.
+    let (sessions, bridged) = expected_sessions(&clicks);
+    assert!(
+        sessions.len() > 1_000 && sessions.len() < 15_000,
+        "{} sessions",
+        sessions.len()
+    );
+    assert!(bridged > 100, "{bridged} records bridged two sessions");
+    assert!(sessions.values().any(|&n| n >= 5), "no long session");
 }
 
 #[test]
@@ -215,6 +281,38 @@ fn every_final_result_comes_once_with_its_exact_count_across_sigkills() {
     );
     terminate(child);
     assert_eq!(seen, expected.len(), "not every window came out");
+    assert_final_results(&s, &expected);
+}
+
+/// Sessions of each key grow, merge when an out-of-order record bridges two, and close
+/// after their gap, while the job is SIGKILLed: each closed session once, with its count.
+#[test]
+fn every_session_comes_once_with_its_exact_count_across_sigkills() {
+    let s = setup_window(
+        "session-crash",
+        &format!("{{session: {GAP}ms, grace: {SESSION_GRACE}ms, time: value.ts}}"),
+        &format!("string((value.start - {BASE}) * 100 + int(string(key)))"),
+    );
+    let clicks = clicks(40_000);
+    let (expected, _) = expected_sessions(&clicks);
+    let feeder = feed(&s, clicks, 2_000);
+    kill_mid_run(
+        &|| spawn_job(&s.topology, "session-0", &[]),
+        &s.output,
+        PARTITIONS,
+        expected.len(),
+        3,
+    );
+    feeder.join().expect("feeder");
+    let child = spawn_job(&s.topology, "session-0", &[]);
+    let seen = wait_for_distinct(
+        &s.output,
+        PARTITIONS,
+        expected.len(),
+        Duration::from_secs(180),
+    );
+    terminate(child);
+    assert_eq!(seen, expected.len(), "not every session came out");
     assert_final_results(&s, &expected);
 }
 

@@ -37,7 +37,7 @@ pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, State
 pub use state::{
     AggregateConfig, AggregateOp, DedupeConfig, Emit, JoinConfig, OnMiss, StoreSource,
 };
-pub use time::{DelayConfig, Late, WindowConfig, WindowSpec};
+pub use time::{DelayConfig, Late, WindowConfig, WindowKind, WindowSpec};
 
 pub mod avro;
 pub mod http;

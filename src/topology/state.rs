@@ -412,6 +412,12 @@ fn validate_aggregate(here: &str, a: &AggregateConfig, issue: &mut dyn FnMut(Str
         if let Err((field, e)) = w.spec() {
             issue(format!("{here}.window.{field}"), &e);
         }
+        if w.session.is_some() && a.op == AggregateOp::Reduce {
+            issue(
+                format!("{here}.op"),
+                "session windows merge the states of sessions a record bridges, and `reduce` has no merge: use count, sum, min, max, latest or first",
+            );
+        }
         if a.delete.is_some() {
             issue(
                 format!("{here}.delete"),

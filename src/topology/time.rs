@@ -19,6 +19,11 @@ pub struct WindowConfig {
     /// Hopping windows only: how far each window starts after the one before.
     #[serde(default)]
     pub advance: Option<String>,
+    /// Session windows with this inactivity gap, e.g. `30m`: a key's records less than the
+    /// gap apart (by event time) are one session; a record that bridges two sessions merges
+    /// them.
+    #[serde(default)]
+    pub session: Option<String>,
     /// How long after its end a window still takes records (by stream time). Default: 0.
     #[serde(default)]
     pub grace: Option<String>,
@@ -42,13 +47,20 @@ pub enum Late {
     DeadLetter,
 }
 
-/// A window's sizes in milliseconds, checked.
+/// A window's kind and times in milliseconds, checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowSpec {
-    pub size_ms: i64,
-    /// Equal to the size for tumbling windows.
-    pub advance_ms: i64,
+    pub kind: WindowKind,
     pub grace_ms: i64,
+}
+
+/// Windows cut by the clock, or by the records of each key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    /// Tumbling (`advance_ms` = `size_ms`) or hopping windows.
+    Time { size_ms: i64, advance_ms: i64 },
+    /// Sessions: a key's records less than the gap apart.
+    Session { gap_ms: i64 },
 }
 
 impl WindowConfig {
@@ -58,6 +70,19 @@ impl WindowConfig {
             Some(g) => duration_ms(g).map_err(|m| ("grace", m))?,
             None => 0,
         };
+        if let Some(gap) = &self.session {
+            if self.tumbling.is_some() || self.hopping.is_some() || self.advance.is_some() {
+                return Err((
+                    "session",
+                    "a window is `tumbling`, `hopping` or `session`: one of them".into(),
+                ));
+            }
+            let gap_ms = positive(gap).map_err(|m| ("session", m))?;
+            return Ok(WindowSpec {
+                kind: WindowKind::Session { gap_ms },
+                grace_ms,
+            });
+        }
         let (size_ms, advance_ms) = match (&self.tumbling, &self.hopping, &self.advance) {
             (Some(size), None, None) => {
                 let size = positive(size).map_err(|m| ("tumbling", m))?;
@@ -97,13 +122,15 @@ impl WindowConfig {
             (None, None, _) => {
                 return Err((
                     "tumbling",
-                    "a window needs its kind and size: `tumbling: 1m`, or `hopping: 5m` with `advance: 1m`".into(),
+                    "a window needs its kind and size: `tumbling: 1m`, `hopping: 5m` with `advance: 1m`, or `session: 30m`".into(),
                 ));
             }
         };
         Ok(WindowSpec {
-            size_ms,
-            advance_ms,
+            kind: WindowKind::Time {
+                size_ms,
+                advance_ms,
+            },
             grace_ms,
         })
     }
@@ -174,14 +201,23 @@ mod tests {
         assert_eq!(
             window("{tumbling: 1m, grace: 10s}"),
             Ok(WindowSpec {
-                size_ms: 60_000,
-                advance_ms: 60_000,
+                kind: WindowKind::Time {
+                    size_ms: 60_000,
+                    advance_ms: 60_000
+                },
                 grace_ms: 10_000
             })
         );
         assert_eq!(
-            window("{hopping: 5m, advance: 1m}").unwrap().advance_ms,
-            60_000
+            window("{hopping: 5m, advance: 1m}").unwrap().kind,
+            WindowKind::Time {
+                size_ms: 300_000,
+                advance_ms: 60_000
+            }
+        );
+        assert_eq!(
+            window("{session: 30m}").unwrap().kind,
+            WindowKind::Session { gap_ms: 1_800_000 }
         );
         for (yaml, field) in [
             ("{hopping: 5m}", "advance"),
@@ -193,6 +229,8 @@ mod tests {
             ("{tumbling: soon}", "tumbling"),
             ("{tumbling: 1m, grace: a while}", "grace"),
             ("{grace: 1m}", "tumbling"),
+            ("{session: 1m, tumbling: 1m}", "session"),
+            ("{session: 0s}", "session"),
         ] {
             assert_eq!(window(yaml).map_err(|(f, _)| f), Err(field), "{yaml}");
         }

@@ -154,6 +154,18 @@ pub fn fold(op: AggregateOp, old: Option<Json>, part: Json) -> Result<Json, Stri
     })
 }
 
+/// The state of two sessions merged into one (a record bridged them): `earlier` is the one
+/// that started first. `reduce` has no merge (validation refuses it with sessions).
+pub fn merge(op: AggregateOp, earlier: Json, later: Json) -> Result<Json, String> {
+    match op {
+        AggregateOp::Count | AggregateOp::Sum => add(earlier, &later),
+        AggregateOp::Min | AggregateOp::Max => fold(op, Some(earlier), later),
+        AggregateOp::Latest => Ok(later),
+        AggregateOp::First => Ok(earlier),
+        AggregateOp::Reduce => Err("`reduce` states cannot be merged".into()),
+    }
+}
+
 /// `old + part`: integers stay integers (i64), anything else with a fraction is a float.
 fn add(old: Json, part: &Json) -> Result<Json, String> {
     let Json::Number(p) = part else {
@@ -390,6 +402,26 @@ mod tests {
         let words = [json!("pear"), json!("apple"), json!("fig")];
         assert_eq!(run(AggregateOp::Min, &words), Ok(json!("apple")));
         assert_eq!(run(AggregateOp::Max, &words), Ok(json!("pear")));
+    }
+
+    #[test]
+    fn merged_sessions_fold_as_if_their_records_had_been_one_run() {
+        assert_eq!(merge(AggregateOp::Count, json!(2), json!(3)), Ok(json!(5)));
+        assert_eq!(
+            merge(AggregateOp::Sum, json!(2), json!(0.5)),
+            Ok(json!(2.5))
+        );
+        assert_eq!(merge(AggregateOp::Min, json!(2), json!(1)), Ok(json!(1)));
+        assert_eq!(merge(AggregateOp::Max, json!(2), json!(1)), Ok(json!(2)));
+        assert_eq!(
+            merge(AggregateOp::Latest, json!("a"), json!("b")),
+            Ok(json!("b"))
+        );
+        assert_eq!(
+            merge(AggregateOp::First, json!("a"), json!("b")),
+            Ok(json!("a"))
+        );
+        assert!(merge(AggregateOp::Reduce, json!(1), json!(2)).is_err());
     }
 
     #[test]

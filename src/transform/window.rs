@@ -11,6 +11,13 @@
 //! once, in the transaction that deletes it: a crash before that commit leaves both undone,
 //! and the records that come again close it again.
 //!
+//! Sessions are cut by each key's records: a record less than the gap (by event time) from
+//! a session of its key joins it, and one that bridges several merges them, their states
+//! merged ([`super::aggregate::merge`]). A session is `[start, end]`, its first and last
+//! record's time, and closes when stream time reaches its end plus the gap plus the grace:
+//! until then a record may still extend it. A key's open sessions are listed under a key of
+//! their own ([`sessions_key`]).
+//!
 //! A window's key is its end, its start and the record key ([`window_key`]): the store is
 //! timed, so the windows that close are found in end order without a scan
 //! ([`crate::state::KeyedState::due`]).
@@ -24,7 +31,7 @@ use crate::codec::Value;
 use crate::codec::json::type_name;
 use crate::record::{ErrorKind, RecordError};
 use crate::state::{KeyedState, key_time, time_key};
-use crate::topology::{Late, WindowSpec};
+use crate::topology::{Late, WindowKind, WindowSpec};
 
 /// The key stream time is kept under in a windowed store (no window key is this short, and
 /// a store takes no empty key).
@@ -45,12 +52,19 @@ pub(super) struct Window {
 
 /// The windows `[start, end)` a record at `ts` falls in, oldest first.
 pub fn windows_of(ts: i64, spec: &WindowSpec) -> Vec<(i64, i64)> {
-    let last = ts.div_euclid(spec.advance_ms) * spec.advance_ms;
-    let mut start = last - spec.size_ms + spec.advance_ms;
-    let mut windows = Vec::with_capacity((spec.size_ms / spec.advance_ms) as usize);
+    let WindowKind::Time {
+        size_ms,
+        advance_ms,
+    } = spec.kind
+    else {
+        return Vec::new();
+    };
+    let last = ts.div_euclid(advance_ms) * advance_ms;
+    let mut start = last - size_ms + advance_ms;
+    let mut windows = Vec::with_capacity((size_ms / advance_ms) as usize);
     while start <= last {
-        windows.push((start, start.saturating_add(spec.size_ms)));
-        start += spec.advance_ms;
+        windows.push((start, start.saturating_add(size_ms)));
+        start += advance_ms;
     }
     windows
 }
@@ -120,6 +134,15 @@ pub(super) fn event_time(
 }
 
 impl Window {
+    /// How long after a window's end stream time must reach before it closes: the grace,
+    /// and for a session its gap too (until then a record may still extend it).
+    fn close_after(&self) -> i64 {
+        match self.spec.kind {
+            WindowKind::Time { .. } => self.spec.grace_ms,
+            WindowKind::Session { gap_ms } => gap_ms.saturating_add(self.spec.grace_ms),
+        }
+    }
+
     /// Folds `work` into its open windows and closes those stream time has passed: what
     /// goes downstream, oldest window first (the closed windows' final states with `emit:
     /// final`, else each updated window's new state).
@@ -137,22 +160,19 @@ impl Window {
             ));
         };
         let (store, partition) = (agg.store, work.origin.partition);
-        let unreadable = |e: crate::state::store::StoreError| {
-            fail(
-                ErrorKind::Unavailable,
-                format!("the state of this key cannot be read: {e}"),
-            )
-        };
         let ts = event_time(self.time.as_ref(), &mut work, fail)?;
         let seen = state
             .get(store, partition, STREAM_TIME)
-            .map_err(unreadable)?
+            .map_err(|e| unreadable(fail, e))?
             .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<i64>().ok());
         let stream_time = seen.map_or(ts, |s| s.max(ts));
-        let open: Vec<(i64, i64)> = windows_of(ts, &self.spec)
-            .into_iter()
-            .filter(|&(_, end)| !is_closed(end, self.spec.grace_ms, stream_time))
-            .collect();
+        let open: Vec<(i64, i64)> = match self.spec.kind {
+            WindowKind::Time { .. } => windows_of(ts, &self.spec),
+            WindowKind::Session { .. } => vec![(ts, ts)],
+        }
+        .into_iter()
+        .filter(|&(_, end)| !is_closed(end, self.close_after(), stream_time))
+        .collect();
         if open.is_empty() {
             if self.late == Late::DeadLetter {
                 return Err(fail(
@@ -175,41 +195,111 @@ impl Window {
         }
         let mut updated = Vec::new();
         for (start, end) in open {
-            let wk = window_key(start, end, &key);
-            let stored = state
-                .get(store, partition, &wk)
-                .map_err(unreadable)?
-                .map(std::borrow::Cow::into_owned);
-            let new = agg.fold_record(stored.as_deref(), &mut work, fail)?;
-            let bytes =
-                serde_json::to_vec(&new).map_err(|e| fail(ErrorKind::WrongType, e.to_string()))?;
-            state.put(store, partition, &wk, Some(bytes));
+            let (start, end, new) = match self.spec.kind {
+                WindowKind::Time { .. } => {
+                    let wk = window_key(start, end, &key);
+                    let new = fold_into(agg, state, (partition, &wk), None, &mut work, fail)?;
+                    (start, end, new)
+                }
+                WindowKind::Session { gap_ms } => {
+                    self.extend_session(agg, state, (partition, &key), ts, gap_ms, &mut work, fail)?
+                }
+            };
             if !self.emit_final {
                 updated.push(self.result(&work, key.clone(), start, end, new));
             }
         }
-        let closing = time_key(
+        let mut out = self.close(agg.store, partition, stream_time, state, &work, fail)?;
+        out.extend(updated);
+        Ok(out)
+    }
+
+    /// Takes the record at `ts` into its key's session: the sessions it is within the gap
+    /// of are merged with it into one. The session's bounds and new state.
+    #[allow(clippy::too_many_arguments)]
+    fn extend_session(
+        &self,
+        agg: &Aggregate,
+        state: &mut dyn KeyedState,
+        (partition, key): (i32, &[u8]),
+        ts: i64,
+        gap_ms: i64,
+        work: &mut Work<'_>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<(i64, i64, Json), RecordError> {
+        let store = agg.store;
+        let mut sessions = sessions_of(state, store, partition, key, fail)?;
+        let (mut near, far): (Vec<_>, Vec<_>) = sessions
+            .drain(..)
+            .partition(|&(s, e)| s.saturating_sub(gap_ms) <= ts && ts <= e.saturating_add(gap_ms));
+        near.sort_unstable();
+        let (mut start, mut end) = (ts, ts);
+        let mut merged: Option<Json> = None;
+        for (s, e) in near {
+            let wk = window_key(s, e, key);
+            let bytes = state
+                .get(store, partition, &wk)
+                .map_err(|err| unreadable(fail, err))?
+                .map(std::borrow::Cow::into_owned);
+            state.put(store, partition, &wk, None);
+            let Some(bytes) = bytes else { continue };
+            let value = stored_json(&bytes, fail)?;
+            merged = Some(match merged {
+                None => value,
+                Some(m) => super::aggregate::merge(agg.op, m, value)
+                    .map_err(|m| fail(ErrorKind::WrongType, m))?,
+            });
+            (start, end) = (start.min(s), end.max(e));
+        }
+        let merged = match merged {
+            Some(m) => Some(
+                serde_json::to_vec(&m).map_err(|e| fail(ErrorKind::WrongType, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let wk = window_key(start, end, key);
+        let new = fold_into(agg, state, (partition, &wk), Some(merged), work, fail)?;
+        sessions = far;
+        sessions.push((start, end));
+        put_sessions(state, store, partition, key, &sessions);
+        Ok((start, end, new))
+    }
+
+    /// Deletes the windows stream time has closed, and with `emit: final` hands their final
+    /// states on.
+    fn close<'a>(
+        &self,
+        store: usize,
+        partition: i32,
+        stream_time: i64,
+        state: &mut dyn KeyedState,
+        work: &Work<'a>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<Vec<Work<'a>>, RecordError> {
+        let below = time_key(
             stream_time
-                .saturating_sub(self.spec.grace_ms)
+                .saturating_sub(self.close_after())
                 .saturating_add(1),
         );
         let mut out = Vec::new();
-        for (wk, bytes) in state.due(store, partition, &closing).map_err(unreadable)? {
+        for (wk, bytes) in state
+            .due(store, partition, &below)
+            .map_err(|e| unreadable(fail, e))?
+        {
             state.put(store, partition, &wk, None);
             let Some((start, end, k)) = split_window_key(&wk) else {
                 continue;
             };
+            if let WindowKind::Session { .. } = self.spec.kind {
+                let mut sessions = sessions_of(state, store, partition, k, fail)?;
+                sessions.retain(|&s| s != (start, end));
+                put_sessions(state, store, partition, k, &sessions);
+            }
             if self.emit_final {
-                let value = serde_json::from_slice(&bytes).map_err(|e| {
-                    fail(
-                        ErrorKind::BadJson,
-                        format!("the stored state of a window is not JSON: {e}"),
-                    )
-                })?;
-                out.push(self.result(&work, k.to_vec(), start, end, value));
+                let value = stored_json(&bytes, fail)?;
+                out.push(self.result(work, k.to_vec(), start, end, value));
             }
         }
-        out.extend(updated);
         Ok(out)
     }
 
@@ -234,10 +324,99 @@ impl Window {
             key_doc: None,
             body: Value::Json(Some(doc_of(Json::Object(doc)))),
             headers: Vec::new(),
-            timestamp: Some(end - 1),
+            timestamp: Some(match self.spec.kind {
+                WindowKind::Time { .. } => end - 1,
+                WindowKind::Session { .. } => end,
+            }),
             origin: work.origin.clone(),
         }
     }
+}
+
+/// The error of a store that cannot be read.
+fn unreadable(
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+    e: crate::state::store::StoreError,
+) -> RecordError {
+    fail(
+        ErrorKind::Unavailable,
+        format!("the state of this key cannot be read: {e}"),
+    )
+}
+
+fn stored_json(
+    bytes: &[u8],
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Json, RecordError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        fail(
+            ErrorKind::BadJson,
+            format!("the stored state of a window is not JSON: {e}"),
+        )
+    })
+}
+
+/// Folds `work` into the state at `wk` (or, given `base`, into that state instead: a merged
+/// session's) and puts the new state there.
+fn fold_into(
+    agg: &Aggregate,
+    state: &mut dyn KeyedState,
+    (partition, wk): (i32, &[u8]),
+    base: Option<Option<Vec<u8>>>,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Json, RecordError> {
+    let stored = match base {
+        Some(b) => b,
+        None => state
+            .get(agg.store, partition, wk)
+            .map_err(|e| unreadable(fail, e))?
+            .map(std::borrow::Cow::into_owned),
+    };
+    let new = agg.fold_record(stored.as_deref(), work, fail)?;
+    let bytes = serde_json::to_vec(&new).map_err(|e| fail(ErrorKind::WrongType, e.to_string()))?;
+    state.put(agg.store, partition, wk, Some(bytes));
+    Ok(new)
+}
+
+/// The key under which a key's open sessions are listed: after every time, so never due.
+fn sessions_key(key: &[u8]) -> Vec<u8> {
+    let mut k = vec![0xff; 8];
+    k.extend_from_slice(key);
+    k
+}
+
+/// The open sessions of `key`: `(start, end)`, each its first and last record's time.
+fn sessions_of(
+    state: &mut dyn KeyedState,
+    store: usize,
+    partition: i32,
+    key: &[u8],
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Vec<(i64, i64)>, RecordError> {
+    match state
+        .get(store, partition, &sessions_key(key))
+        .map_err(|e| unreadable(fail, e))?
+    {
+        None => Ok(Vec::new()),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            fail(
+                ErrorKind::BadJson,
+                format!("the stored sessions of this key are not JSON: {e}"),
+            )
+        }),
+    }
+}
+
+fn put_sessions(
+    state: &mut dyn KeyedState,
+    store: usize,
+    partition: i32,
+    key: &[u8],
+    sessions: &[(i64, i64)],
+) {
+    let value = (!sessions.is_empty()).then(|| serde_json::to_vec(sessions).unwrap_or_default());
+    state.put(store, partition, &sessions_key(key), value);
 }
 
 #[cfg(test)]
@@ -367,6 +546,43 @@ mod tests {
     }
 
     #[test]
+    fn a_record_that_bridges_two_sessions_merges_them_and_a_session_closes_after_its_gap() {
+        let (p, mut s) =
+            job("{name: n, op: count, as: n, emit: final, window: {session: 10ms, grace: 20ms}}");
+        let got = feed(
+            &p,
+            &mut s,
+            &[
+                ("a", 1),
+                ("a", 5),
+                ("b", 200),
+                ("b", 215),
+                // Within the gap of both b sessions: one session [200, 215] of 3.
+                ("b", 208),
+                // Stream time 300: every session so far closes (end + gap + grace <= 300).
+                ("c", 300),
+                // Late: 250 + 10 + 20 <= 300.
+                ("b", 250),
+                ("c", 400),
+            ],
+            true,
+        );
+        assert_eq!(
+            got,
+            ["", "", "a:1-5=2", "", "", "b:200-215=3", "", "c:300-300=1",]
+        );
+    }
+
+    #[test]
+    fn session_updates_show_the_merged_session() {
+        let (p, mut s) = job("{name: n, op: count, as: n, window: {session: 15ms, grace: 20ms}}");
+        let got = feed(&p, &mut s, &[("a", 1), ("a", 25), ("a", 13)], true);
+        assert_eq!(got, ["a:1-1=1", "a:25-25=1", "a:1-25=3"]);
+        // What is left: stream time, the session, and the key's list of sessions.
+        assert_eq!(s.sizes()[0].0, 3);
+    }
+
+    #[test]
     fn hopping_windows_emit_every_update_and_late_records_can_be_dead_lettered() {
         let (p, mut s) = job(
             "{name: n, op: count, as: n, window: {hopping: 20ms, advance: 10ms, late: dead_letter}}",
@@ -390,8 +606,10 @@ mod tests {
 
     fn spec(size_ms: i64, advance_ms: i64) -> WindowSpec {
         WindowSpec {
-            size_ms,
-            advance_ms,
+            kind: WindowKind::Time {
+                size_ms,
+                advance_ms,
+            },
             grace_ms: 0,
         }
     }
