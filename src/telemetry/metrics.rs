@@ -209,7 +209,7 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     ),
     (
         DELAY_EMITTED,
-        "Delayed records sent when due, committed, by store (the changelog topic).",
+        "Delayed records sent when due, by store (the changelog topic); those of a transaction that aborts are sent again and counted again.",
     ),
     (
         TABLE_RECORDS,

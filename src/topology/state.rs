@@ -535,6 +535,38 @@ mod tests {
     }
 
     #[test]
+    fn windows_and_delays_are_checked_with_their_paths() {
+        let found = issues(
+            "[{aggregate: {name: a, op: count, emit: final}}, {aggregate: {name: b, op: count, emit: per_commit, window: {tumbling: 1m}}}, {aggregate: {name: c, op: reduce, init: '0', reduce: 'state', window: {session: 5m}}}, {aggregate: {name: d, op: count, delete: 'true', window: {hopping: 5m}}}, {delay: {name: e}}, {set_key: value.x}, {delay: {name: f, for: 1m}}]",
+            "",
+        );
+        let paths: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        // A delay keeps records by due time: it may follow set_key.
+        assert_eq!(
+            paths,
+            [
+                "pipeline[0].aggregate.emit",
+                "pipeline[1].aggregate.emit",
+                "pipeline[2].aggregate.op",
+                "pipeline[3].aggregate.window.advance",
+                "pipeline[3].aggregate.delete",
+                "pipeline[4].delay.until",
+            ],
+            "{found:#?}"
+        );
+        let yaml = "name: t\ninputs: [{topic: a, codec: json}]\npipeline: [{delay: {name: later, for: 1m}}]\noutputs: [{topic: out}, {postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}}]\n";
+        let found: Vec<(String, String)> = Topology::parse_unchecked(yaml)
+            .unwrap()
+            .validate()
+            .into_iter()
+            .map(|i| (i.path, i.message))
+            .filter(|(p, _)| p == "outputs[1]")
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].1.contains("pipeline[0].delay"), "{found:?}");
+    }
+
+    #[test]
     fn a_stateful_topology_reads_one_topic_exactly_once() {
         let yaml = "name: t\ninputs: [{topic: a, codec: json}, {topic: b, codec: json}]\npipeline: [{aggregate: {name: counts, op: count}}]\noutputs: [{topic: out}]\nruntime: {guarantee: at_least_once}\n";
         let found: Vec<String> = Topology::parse_unchecked(yaml)
