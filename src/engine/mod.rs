@@ -13,6 +13,7 @@
 
 mod due;
 pub mod outcome;
+mod size;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,7 @@ use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::{AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings};
 use outcome::{Outcome, Policy};
+use size::{check_sizes, fit_dead_letter, max_message_bytes};
 
 pub use crate::topology::MESSAGE_ID_HEADER;
 
@@ -739,64 +741,6 @@ fn injected_failure() -> RecordError {
         stage: Stage::Decode,
         message: "injected transient failure".into(),
     }
-}
-
-/// The producer's `message.max.bytes`: a larger record fails at send, for good.
-fn max_message_bytes(topology: &Topology) -> usize {
-    let k = &topology.kafka;
-    k.producer
-        .get("message.max.bytes")
-        .or_else(|| k.common.get("message.max.bytes"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000)
-}
-
-/// Approximate encoded size of a record: key, value, headers and librdkafka's framing.
-fn encoded_size(rec: &Record) -> usize {
-    const OVERHEAD: usize = 128;
-    rec.key.as_ref().map_or(0, Vec::len)
-        + rec.value.as_ref().map_or(0, Vec::len)
-        + rec
-            .headers
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 8)
-            .sum::<usize>()
-        + OVERHEAD
-}
-
-/// Refuses outputs too large to send, before any of them is sent: a record either goes out
-/// whole or to the dead-letter topic.
-fn check_sizes(outputs: &[(usize, Record)], max: usize) -> Result<(), RecordError> {
-    match outputs.iter().find(|(_, r)| encoded_size(r) > max) {
-        None => Ok(()),
-        Some((index, r)) => Err(RecordError {
-            kind: ErrorKind::TooLarge,
-            stage: Stage::Output {
-                index: *index,
-                name: String::new(),
-            },
-            message: format!(
-                "output of about {} bytes exceeds message.max.bytes ({max})",
-                encoded_size(r)
-            ),
-        }),
-    }
-}
-
-/// A dead-letter record too large to send keeps its headers and drops its value, saying so
-/// ([`dlq::H_VALUE_DROPPED`]): `dlq replay` reads the original back from its origin.
-fn fit_dead_letter(mut letter: Record, max: usize) -> Record {
-    let size = encoded_size(&letter);
-    if size > max {
-        letter.value = None;
-        let why = format!(
-            "too large: about {size} bytes with its value, over message.max.bytes ({max}); the original stays at its origin"
-        );
-        letter
-            .headers
-            .push((dlq::H_VALUE_DROPPED.into(), why.into_bytes()));
-    }
-    letter
 }
 
 fn now_ms() -> i64 {

@@ -24,8 +24,6 @@ pub(super) struct Aggregate {
     pub init: Option<Expression>,
     pub delete: Option<Expression>,
     pub into: Option<FieldPath>,
-    /// Its windows, when it has any: the state is then kept per key and window.
-    pub window: Option<super::window::Window>,
 }
 
 impl Aggregate {

@@ -111,9 +111,7 @@ impl<'t> Compiler<'t> {
                     on_miss: j.on_miss,
                 }))
             }
-            Processor::Aggregate(a) => self
-                .aggregate(&here, a)
-                .map(|a| Step::Aggregate(Box::new(a))),
+            Processor::Aggregate(a) => self.aggregate(&here, a),
             Processor::Explode(e) => Some(Step::Explode {
                 field: split(&e.field),
                 into: split(e.into.as_deref().unwrap_or(&e.field)),
@@ -132,35 +130,37 @@ impl<'t> Compiler<'t> {
                 })
             }
             Processor::DropEmpty {} => Some(Step::DropEmpty),
-            Processor::Delay(d) => {
-                let store = self.stores;
-                self.stores += 1;
-                let until = match &d.until {
-                    Some(src) => Some(self.expression(format!("{here}.until"), src)?),
-                    None => None,
-                };
-                match d.fixed_ms() {
-                    Ok(fixed_ms) => Some(Step::Delay(Delay {
-                        store,
-                        until,
-                        fixed_ms,
-                    })),
-                    Err((field, message)) => {
-                        self.issues.push(ConfigIssue {
-                            path: format!("{here}.{field}"),
-                            message,
-                        });
-                        None
-                    }
-                }
-            }
+            Processor::Delay(d) => self.delay(&here, d),
             Processor::Route(_) => None,
         }
     }
 
-    /// Compiles the `route` processor `r`, found at `here`, the `index`th of the pipeline.
+    /// Compiles a `delay` step, found at `here`; its store is the next index.
+    fn delay(&mut self, here: &str, d: &crate::topology::DelayConfig) -> Option<Step> {
+        let store = self.stores;
+        self.stores += 1;
+        let until = match &d.until {
+            Some(src) => Some(self.expression(format!("{here}.until"), src)?),
+            None => None,
+        };
+        match d.fixed_ms() {
+            Ok(fixed_ms) => Some(Step::Delay(Delay {
+                store,
+                until,
+                fixed_ms,
+            })),
+            Err((field, message)) => {
+                self.issues.push(ConfigIssue {
+                    path: format!("{here}.{field}"),
+                    message,
+                });
+                None
+            }
+        }
+    }
+
     /// Compiles an `aggregate` step, found at `here`; its store is the next index.
-    fn aggregate(&mut self, here: &str, a: &AggregateConfig) -> Option<Aggregate> {
+    fn aggregate(&mut self, here: &str, a: &AggregateConfig) -> Option<Step> {
         let store = self.stores;
         self.stores += 1;
         let mut compile = |field: &str, src: &Option<String>, extra: &[&str]| {
@@ -210,7 +210,7 @@ impl<'t> Compiler<'t> {
             (Some(e), _) | (None, Some(e)) => Some(e?),
             (None, None) => None,
         };
-        Some(Aggregate {
+        let aggregate = Aggregate {
             store,
             op: a.op,
             of,
@@ -223,10 +223,14 @@ impl<'t> Compiler<'t> {
                 None => None,
             },
             into: a.into.as_deref().map(split),
-            window,
+        };
+        Some(match window {
+            Some(w) => Step::Window(Box::new((aggregate, w))),
+            None => Step::Aggregate(Box::new(aggregate)),
         })
     }
 
+    /// Compiles the `route` processor `r`, found at `here`, the `index`th of the pipeline.
     pub(super) fn route(&mut self, here: &str, index: usize, r: &RouteConfig) -> Option<Route> {
         let default = self.targets(format!("{here}.default"), &r.default);
         let targets: Vec<Vec<usize>> = r

@@ -123,6 +123,8 @@ enum Step {
     DropEmpty,
     /// Boxed: an aggregate's expressions make it several times the size of the others.
     Aggregate(Box<aggregate::Aggregate>),
+    /// An `aggregate` with a `window`.
+    Window(Box<(aggregate::Aggregate, window::Window)>),
     Dedupe(dedupe::Dedupe),
     Join(join::Join),
     Delay(delay::Delay),
@@ -352,14 +354,13 @@ impl Pipeline {
                 Step::Explode { field, into } => {
                     return self.explode(index, (field, into), work, state, out, &fail);
                 }
-                Step::Aggregate(a) => {
-                    if let Some(w) = &a.window {
-                        for each in w.apply(a, work, state, &fail)? {
-                            self.run(index + 1, each, state, out)?;
-                        }
-                        return Ok(());
+                Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
+                Step::Window(aw) => {
+                    let (a, w) = aw.as_ref();
+                    for each in w.apply(a, work, state, &fail)? {
+                        self.run(index + 1, each, state, out)?;
                     }
-                    a.apply(&mut work, state, &fail)?;
+                    return Ok(());
                 }
                 Step::Delay(d) => {
                     let due = d.due(&mut work, &fail)?;
