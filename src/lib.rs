@@ -23,12 +23,15 @@
 //! * [`codec`]: bytes to the pipeline's [`codec::Value`] and back (raw, JSON, Avro with a
 //!   schema registry whose schemas are fetched once per id and cached).
 //! * [`transform`]: the compiled pipeline of processors and CEL expressions; pure functions
-//!   of a record, no Kafka client or async type in sight.
-//! * [`state`]: the keyed stores of the stateful steps (`aggregate`), their changelogs in
-//!   the job's transaction (commit, then apply), and their restore when partitions are
-//!   assigned.
+//!   of a record, no Kafka client or async type in sight. Stateless steps first, then the
+//!   stateful ones: `aggregate`, its windows by event time ([`transform::window`]),
+//!   `dedupe`, `join`, and `delay` ([`transform::delay`]).
+//! * [`state`]: the keyed stores of the stateful steps, their changelogs in the job's
+//!   transaction (commit, then apply), their restore when partitions are assigned, and the
+//!   timed stores' keys in time order (windows to close, delayed records to send).
 //! * [`engine`]: the read-process-write loop of one job, thin: it polls, processes, lets the
-//!   pure [`engine::outcome`] decide what becomes of each record, and carries that out.
+//!   pure [`engine::outcome`] decide what becomes of each record, and carries that out; with
+//!   a `delay`, it also sends what came due by the wall clock.
 //! * `relay`: the loop of a topology whose input is a PostgreSQL outbox table, and
 //!   everything of the outbox in one folder: the table's layout and SQL, rows as records,
 //!   progress records, shards, batches, the connection, and the table check of
