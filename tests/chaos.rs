@@ -3,7 +3,10 @@
 //! inbox) and a dead-letter topic, run by three `onceflow run` instances on a 3-broker cluster
 //! (topics of replication factor 3, `min.insync.replicas` 2), fed ids at a steady rate, one
 //! in a thousand poison, while faults of every kind hit it in a random order at random
-//! moments (seeded; the seed is printed):
+//! moments (seeded; the seed is printed). Beside it, two instances of a second job read the
+//! same input: a count per id in tumbling 1 s windows of the records' timestamps, final
+//! results only (`emit: final`); they are SIGKILLed with the first job's instance kills,
+//! restarted in its rolling restarts, and meet the same broker faults:
 //!
 //! - `instance-kill`: SIGKILL an instance, start it again with the same id;
 //! - `rolling-restart`: SIGTERM each instance in turn, start it again once it exited;
@@ -25,7 +28,10 @@
 //! in the dead-letter topic exactly once (read up to markers too); the state exact: each id's
 //! records in the output carry the counts 1..n of its n input records, each once, and the
 //! changelog's last value of each id is n; and `onceflow reconcile`
-//! over the round's topology must report 0 missing, 0 duplicated, 0 hanging.
+//! over the round's topology must report 0 missing, 0 duplicated, 0 hanging. The windowed
+//! job's results are compared with a model of its rules run over the input as the broker
+//! holds it (stream time per partition, grace, late records): every window that closed
+//! exactly once with its exact count, nothing else.
 //!
 //! Ignored by default: `scripts/chaos` starts the cluster and a PostgreSQL server of its own
 //! and runs it. Environment (besides `ONCEFLOW_TEST_BOOTSTRAP`, `KAFKA_PORT`,
@@ -294,6 +300,10 @@ impl Round<'_> {
                 let start = now_us();
                 self.fleet.kill(i);
                 self.fleet.spawn(i);
+                // And an instance of the windowed job.
+                let w = INSTANCES + i % WINDOW_INSTANCES;
+                self.fleet.kill(w);
+                self.fleet.spawn(w);
                 fault
                     .steps
                     .push(self.step("SIGKILL, restart", ids[i].clone(), start));
@@ -745,6 +755,171 @@ struct RoundResult {
     dir: PathBuf,
 }
 
+/// Instances of the windowed job, which reads the same input: a count per id in tumbling
+/// windows of the records' timestamps, final results only.
+const WINDOW_INSTANCES: usize = 2;
+const WINDOW_MS: i64 = 1_000;
+const WINDOW_GRACE_MS: i64 = 500;
+
+/// The windowed job: its results keyed by a number naming the window (its start in seconds)
+/// and the id.
+fn window_topology_text(name: &str, input: &str, output: &str) -> String {
+    format!(
+        "name: {name}
+inputs:
+  - {{topic: {input}}}
+pipeline:
+  - aggregate: {{name: counts, op: count, as: n, emit: final, window: {{tumbling: {WINDOW_MS}ms, grace: {WINDOW_GRACE_MS}ms}}}}
+  - set_key: string(value.start / 1000 * 100000000 + int(string(key)))
+outputs:
+  - {{topic: {output}, codec: json}}
+runtime:
+  session_timeout_ms: {SESSION_TIMEOUT_MS}
+  group_protocol: {}
+  state_dir: ${{ONCEFLOW_STATE_DIR:-onceflow-state}}
+",
+        group_protocol()
+    )
+}
+
+/// What the windowed job must have emitted, by result id, from the input as the broker
+/// holds it: per partition in offset order, stream time the largest timestamp so far, a
+/// record counted in its window unless that closed (end + grace <= stream time), and the
+/// windows closed by each partition's last stream time.
+fn window_model(input: &[(i32, u64, i64)]) -> BTreeMap<u64, u64> {
+    let mut stream_time: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut counts: BTreeMap<(i32, i64, u64), u64> = BTreeMap::new();
+    for &(p, id, ts) in input {
+        let st = stream_time.entry(p).or_insert(i64::MIN);
+        *st = (*st).max(ts);
+        let start = ts.div_euclid(WINDOW_MS) * WINDOW_MS;
+        if start + WINDOW_MS + WINDOW_GRACE_MS > *st {
+            *counts.entry((p, start, id)).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .filter(|((p, start, _), _)| start + WINDOW_MS + WINDOW_GRACE_MS <= stream_time[p])
+        .map(|((_, start, id), n)| ((start / 1000) as u64 * 100_000_000 + id, n))
+        .collect()
+}
+
+/// The input's (partition, id, timestamp), each partition in offset order, up to its end.
+fn timed_input(topic: &str) -> Vec<(i32, u64, i64)> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("chaos-window-model"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("input reader");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(30))
+            .expect("input watermarks");
+        ends.insert(p, high);
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign the input");
+    let mut records = Vec::new();
+    let mut done: BTreeSet<i32> = ends
+        .iter()
+        .filter(|(_, h)| **h == 0)
+        .map(|(p, _)| *p)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while done.len() < PARTITIONS as usize && Instant::now() < deadline {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(200)) {
+            if let (Some(id), Some(ts)) = (key_id(msg.key()), msg.timestamp().to_millis()) {
+                records.push((msg.partition(), msg.offset(), id, ts));
+            }
+            if msg.offset() + 1 >= ends[&msg.partition()] {
+                done.insert(msg.partition());
+            }
+        }
+    }
+    assert_eq!(
+        done.len(),
+        PARTITIONS as usize,
+        "the input of {topic} was not read to its end"
+    );
+    records.sort_unstable();
+    records
+        .into_iter()
+        .map(|(p, _, id, ts)| (p, id, ts))
+        .collect()
+}
+
+/// Whether consumer group `group` has committed the end of every partition of `topic`.
+fn caught_up(group: &str, topic: &str) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let Ok(consumer) = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create::<BaseConsumer>()
+    else {
+        return false;
+    };
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    let Ok(committed) = consumer.committed_offsets(tpl, Duration::from_secs(10)) else {
+        return false;
+    };
+    (0..PARTITIONS).all(|p| {
+        let high = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .map_or(i64::MAX, |(_, h)| h);
+        committed
+            .find_partition(topic, p)
+            .is_some_and(|e| matches!(e.offset(), rdkafka::Offset::Offset(o) if o >= high))
+    })
+}
+
+/// The windowed job's verdict: every window the model closed once, with its count, and
+/// nothing else; a line for the report.
+fn window_verdict(input: &str, output: &str, problems: &mut Vec<String>) -> String {
+    let expected = window_model(&timed_input(input));
+    let mut seen: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for r in read_records(output, PARTITIONS, "read_committed") {
+        let id = r.key.as_deref().and_then(|k| k.parse().ok());
+        let n = r
+            .value
+            .as_deref()
+            .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok())
+            .and_then(|v| v["n"].as_u64());
+        match (id, n) {
+            (Some(id), Some(n)) => seen.entry(id).or_default().push(n),
+            _ => problems.push(format!("windowed output: an unreadable result {r:?}")),
+        }
+    }
+    let twice = seen.values().filter(|v| v.len() > 1).count();
+    let wrong = seen
+        .iter()
+        .filter(|(id, v)| expected.get(id).is_some_and(|n| v[0] != *n))
+        .count();
+    let unknown = seen.keys().filter(|id| !expected.contains_key(id)).count();
+    let missing = expected.keys().filter(|id| !seen.contains_key(id)).count();
+    if twice + wrong + unknown + missing > 0 {
+        problems.push(format!(
+            "windowed output: {twice} windows emitted more than once, {wrong} with a wrong count, {unknown} not expected, {missing} missing (of {})",
+            expected.len()
+        ));
+    }
+    format!(
+        "windowed job (count per id, tumbling {WINDOW_MS} ms, final results, read_committed): {} windows expected, {} emitted, {twice} twice, {wrong} wrong, {unknown} unexpected, {missing} missing",
+        expected.len(),
+        seen.len()
+    )
+}
+
 fn topology_text(name: &str, input: &str, output: &str, dlq: &str, table: &str) -> String {
     format!(
         "name: {name}
@@ -803,6 +978,15 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     let topology_path = dir.join("topology.yaml");
     std::fs::write(&topology_path, &yaml).expect("write topology");
     let ids: Vec<String> = (0..INSTANCES).map(|i| format!("c-{i}")).collect();
+    let window_output = format!("{name}-windows");
+    create_replicated_topics(&[&window_output], PARTITIONS, 3, &replicated);
+    let window_path = dir.join("window-topology.yaml");
+    std::fs::write(
+        &window_path,
+        window_topology_text(&format!("{name}-window"), &input, &window_output),
+    )
+    .expect("write the windowed topology");
+    let window_ids: Vec<String> = (0..WINDOW_INSTANCES).map(|i| format!("w-{i}")).collect();
 
     let origin = now_us();
     let load = LoadSampler::start();
@@ -830,6 +1014,10 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     );
     for i in 0..INSTANCES {
         round.fleet.spawn(i);
+    }
+    for id in &window_ids {
+        let w = round.fleet.add(id, &window_path);
+        round.fleet.spawn(w);
     }
     let feed = Feed::start("chaos_feed", &input, cfg.rate, true, &dir.join("feed.txt"));
     let feed_started = Instant::now();
@@ -919,6 +1107,17 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         "harness",
         format!("{} of {expected} ids read from the output", seen.len()),
     );
+    // The windowed job reads the input to its end too.
+    let window_group = onceflow::topology::Topology::parse(
+        &std::fs::read_to_string(&window_path).expect("the windowed topology"),
+        "window-topology.yaml",
+    )
+    .expect("the windowed topology")
+    .group_id();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !caught_up(&window_group, &input) && Instant::now() < deadline {
+        round.fleet.idle(Duration::from_secs(1));
+    }
     round.fleet.idle(Duration::from_secs(3));
     let mut stops = Vec::new();
     for (id, status) in round.fleet.stop_all() {
@@ -931,6 +1130,7 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         .reader
         .read_to_marker(&output, Duration::from_secs(60))
         .err();
+    let window_found = window_verdict(&input, &window_output, &mut problems);
     let Round { reader, fleet, .. } = round;
     let state = reader.finish();
     let loads = load.finish();
@@ -959,6 +1159,7 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
     for a in &state.arrivals {
         *out.entry(a.id).or_default() += 1;
     }
+    verdict.found.push(window_found);
     verdict.found.push(compare(
         "Kafka output (read_committed)",
         &good,
@@ -1217,7 +1418,7 @@ fn chaos_rounds() {
         cfg.seed
     );
     let header = format!(
-        "# Chaos rounds\n\n- seed {} (round n runs with seed + n)\n- job: JSON input, `map` (`value.one * 2`), `aggregate` (count per id, changelog in the transaction), a Kafka output and a PostgreSQL upsert output (inbox, counter column), a dead-letter topic; {INSTANCES} instances, session_timeout_ms {SESSION_TIMEOUT_MS}, group protocol {}\n- topics of {PARTITIONS} partitions (dead-letter {DLQ_PARTITIONS}), replication factor 3, min.insync.replicas 2, on brokers {brokers:?}\n- {} ids/s, at least {} per round, 1 in 1000 poison; each kind {} time(s) per round\n- machine: {} cores, load average at start {}\n",
+        "# Chaos rounds\n\n- seed {} (round n runs with seed + n)\n- job: JSON input, `map` (`value.one * 2`), `aggregate` (count per id, changelog in the transaction), a Kafka output and a PostgreSQL upsert output (inbox, counter column), a dead-letter topic; {INSTANCES} instances, session_timeout_ms {SESSION_TIMEOUT_MS}, group protocol {}\n- beside it, a windowed job on the same input: count per id in tumbling {WINDOW_MS} ms windows of the records' timestamps, grace {WINDOW_GRACE_MS} ms, final results only; {WINDOW_INSTANCES} instances, SIGKILLed with the first job's instance kills and restarted in its rolling restarts\n- topics of {PARTITIONS} partitions (dead-letter {DLQ_PARTITIONS}), replication factor 3, min.insync.replicas 2, on brokers {brokers:?}\n- {} ids/s, at least {} per round, 1 in 1000 poison; each kind {} time(s) per round\n- machine: {} cores, load average at start {}\n",
         cfg.seed,
         group_protocol(),
         cfg.rate,

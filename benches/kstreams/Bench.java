@@ -1,6 +1,9 @@
 // The Kafka Streams peer of `onceflow-bench`: the same pass-through map from one topic to
 // another (or with `--workload count-by-key`, `groupByKey().count()` with its record cache
-// off, so that every update is emitted as onceflow's `aggregate` does), under exactly_once_v2, with the settings the bench passes so both sides match
+// off, so that every update is emitted as onceflow's `aggregate` does; with `--workload
+// window-count`, a count per key in tumbling windows of `--window-ms` (no grace), final
+// results only: `suppress(untilWindowCloses)`, as benches/window-count runs it), under
+// exactly_once_v2, with the settings the bench passes so both sides match
 // (commit interval, stream threads, producer linger.ms and batch.size).
 //
 // Run with the libraries that benches/kstreams/fetch downloads (no build needed):
@@ -10,7 +13,8 @@
 //     --threads 1 --linger-ms 5 --batch-size 1000000 --state-dir /tmp/x
 //
 // It prints `onceflow-bench: running` on stdout once the instance is RUNNING, processes until
-// SIGTERM, then closes and prints one JSON line: the number of commits and each commit's
+// SIGTERM (or, with `--stop-after-records N`, until it has taken N input records: it then
+// closes, which commits them), then closes and prints one JSON line: the number of commits and each commit's
 // duration in microseconds, from the first flush/sendOffsetsToTransaction of a commit to the
 // end of its commitTransaction (onceflow's measure covers the same steps: wait for every
 // delivery, send the offsets, commit).
@@ -22,6 +26,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
@@ -34,9 +39,12 @@ import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.KeyValue;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.Suppressed;
+import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.processor.internals.DefaultKafkaClientSupplier;
 
 public class Bench {
@@ -119,7 +127,26 @@ public class Bench {
         p.put(StreamsConfig.producerPrefix(ProducerConfig.BATCH_SIZE_CONFIG), need(a, "batch-size"));
 
         StreamsBuilder builder = new StreamsBuilder();
-        if (a.getOrDefault("workload", "pass-through").equals("count-by-key")) {
+        long stopAfter = Long.parseLong(a.getOrDefault("stop-after-records", "0"));
+        AtomicLong taken = new AtomicLong();
+        CountDownLatch enough = new CountDownLatch(1);
+        String workload = a.getOrDefault("workload", "pass-through");
+        if (workload.equals("window-count")) {
+            Duration size = Duration.ofMillis(Long.parseLong(need(a, "window-ms")));
+            builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                    .peek((k, v) -> {
+                        if (taken.incrementAndGet() == stopAfter) {
+                            enough.countDown();
+                        }
+                    })
+                    .groupByKey(Grouped.with(Serdes.ByteArray(), Serdes.ByteArray()))
+                    .windowedBy(TimeWindows.ofSizeWithNoGrace(size))
+                    .count()
+                    .suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()))
+                    .toStream()
+                    .map((wk, n) -> KeyValue.pair(wk.key(), n))
+                    .to(output, Produced.with(Serdes.ByteArray(), Serdes.Long()));
+        } else if (workload.equals("count-by-key")) {
             // Every update emitted, as onceflow's aggregate does: no record cache.
             p.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);
             builder.stream(input, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
@@ -161,6 +188,16 @@ public class Bench {
             System.out.flush();
         }));
         streams.start();
+        if (stopAfter > 0) {
+            new Thread(() -> {
+                try {
+                    enough.await();
+                    System.exit(0);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }).start();
+        }
         done.await();
         System.exit(1);
     }

@@ -89,13 +89,21 @@ impl Admin {
 
     /// Creates a compacted topic (the last record of each key is kept), replicated on up to
     /// three brokers, and waits for its leaders.
-    pub fn create_compacted_topic(&self, name: &str, partitions: i32) -> Result<(), AdminError> {
+    pub fn create_compacted_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        settings: &[(&str, String)],
+    ) -> Result<(), AdminError> {
         let brokers = self.metadata(Duration::from_secs(10))?.brokers.len().max(1);
         let replication = brokers.min(3) as i32;
         let min_insync = (replication - 1).max(1).to_string();
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
+        let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(replication))
             .set("cleanup.policy", "compact")
             .set("min.insync.replicas", &min_insync);
+        for (key, value) in settings {
+            topic = topic.set(key, value);
+        }
         self.create(topic)
     }
 

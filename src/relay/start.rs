@@ -115,7 +115,7 @@ impl<'t> Relay<'t> {
             None => {
                 let admin = Admin::new(cluster).map_err(|e| fail(e.to_string()))?;
                 admin
-                    .create_compacted_topic(progress, self.config.shards as i32)
+                    .create_compacted_topic(progress, self.config.shards as i32, &[])
                     .map_err(|e| fail(e.to_string()))?;
                 telemetry::progress_topic_created(progress, self.config.shards);
                 Ok(())

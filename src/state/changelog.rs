@@ -8,6 +8,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 
+use super::store::TIMED_TOMBSTONE_RETENTION;
 use crate::kafka::Cluster;
 use crate::kafka::admin::{Admin, AdminError};
 
@@ -56,6 +57,20 @@ fn partitions<C: ConsumerContext>(
     })
 }
 
+/// The topic settings of a changelog beyond compaction.
+fn timed_settings(timed: bool) -> Vec<(&'static str, String)> {
+    if !timed {
+        return Vec::new();
+    }
+    vec![
+        (
+            "delete.retention.ms",
+            TIMED_TOMBSTONE_RETENTION.as_millis().to_string(),
+        ),
+        ("segment.bytes", (64 << 20).to_string()),
+    ]
+}
+
 /// Checks the tables of `join`s, (topic, global): each exists, and a co-partitioned one has
 /// the partition count of `input`.
 pub fn check_tables<C: ConsumerContext>(
@@ -86,18 +101,21 @@ pub fn check_tables<C: ConsumerContext>(
     Ok(())
 }
 
-/// Creates every missing changelog of `changelogs` with the partition count of `input`, and
-/// checks the count of those that exist.
+/// Creates every missing changelog of `changelogs` (topic, whether its store is timed) with
+/// the partition count of `input`, and checks the count of those that exist. A timed store's
+/// changelog keeps its tombstones an hour ([`TIMED_TOMBSTONE_RETENTION`]) in segments of
+/// 64 MiB, so that the broker cleans it while it is young: every closed window and every
+/// sent delayed record leaves a tombstone.
 pub fn ensure<C: ConsumerContext>(
     cluster: &Cluster,
     consumer: &BaseConsumer<C>,
     input: &str,
-    changelogs: &[String],
+    changelogs: &[(String, bool)],
     timeout: Duration,
 ) -> Result<(), ChangelogError> {
     let expected = partitions(consumer, input, timeout)?
         .ok_or_else(|| ChangelogError::NoInput(input.into()))?;
-    for topic in changelogs {
+    for (topic, timed) in changelogs {
         match partitions(consumer, topic, timeout)? {
             Some(found) if found == expected => {}
             Some(found) => {
@@ -115,7 +133,7 @@ pub fn ensure<C: ConsumerContext>(
                 };
                 Admin::new(cluster)
                     .map_err(create)?
-                    .create_compacted_topic(topic, expected as i32)
+                    .create_compacted_topic(topic, expected as i32, &timed_settings(*timed))
                     .map_err(create)?;
                 crate::telemetry::changelog_created(topic, expected);
             }

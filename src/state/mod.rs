@@ -237,7 +237,8 @@ impl Stores {
         self
     }
 
-    fn is_timed(&self, store: usize) -> bool {
+    /// Whether store `store` is timed (its keys begin with a time).
+    pub fn is_timed(&self, store: usize) -> bool {
         self.timed.get(store).copied().unwrap_or(false)
     }
 
@@ -320,9 +321,12 @@ impl Stores {
         &self.sources
     }
 
-    /// The changelog topics, the job writes.
-    pub fn changelog_topics(&self) -> Vec<String> {
-        self.of_source(|s| s == StoreSource::Changelog)
+    /// The changelog topics, the job writes, each with whether its store is timed.
+    pub fn changelog_topics(&self) -> Vec<(String, bool)> {
+        (0..self.topics.len())
+            .filter(|&s| self.sources[s] == StoreSource::Changelog)
+            .map(|s| (self.topics[s].clone(), self.is_timed(s)))
+            .collect()
     }
 
     /// The topics of the tables of `join`s: (topic, whether held whole).

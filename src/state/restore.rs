@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 
-use super::store::{Backend, CHECKPOINT_MAX_AGE, Checkpoint, StoreError};
+use super::store::{Backend, CHECKPOINT_MAX_AGE, Checkpoint, StoreError, TIMED_CHECKPOINT_MAX_AGE};
 use super::{Changes, GLOBAL, Stores, age, now_ms};
 use crate::telemetry;
 use crate::topology::StoreSource;
@@ -134,7 +134,13 @@ pub fn restore(
                 let mut spans = Vec::new();
                 for &partition in partitions {
                     let (low, high) = watermarks(consumer, &topic, partition, timeout)?;
-                    let (start, tail) = start_of(stores.backend(), (store, partition), low, high)?;
+                    let max_age = if stores.is_timed(store) {
+                        TIMED_CHECKPOINT_MAX_AGE
+                    } else {
+                        CHECKPOINT_MAX_AGE
+                    };
+                    let (start, tail) =
+                        start_of(stores.backend(), (store, partition), (low, high), max_age)?;
                     total.from_checkpoint += u64::from(tail);
                     spans.push(Span {
                         partition,
@@ -193,7 +199,7 @@ fn global_spans(
         let (low, high) = watermarks(consumer, topic, partition, timeout)?;
         let cp = backend.checkpoint((store, partition))?;
         let start = match cp {
-            Some(cp) if valid(cp, low, high, age(cp.at_ms)) => cp.offset,
+            Some(cp) if valid(cp, low, high, age(cp.at_ms), CHECKPOINT_MAX_AGE) => cp.offset,
             _ => {
                 all_valid = false;
                 low
@@ -248,16 +254,17 @@ fn watermarks(
 /// Where a store's partition restores from, given its changelog's low and high watermarks:
 /// its checkpoint when valid (`true`), else the beginning, the store emptied first. A
 /// checkpoint is invalid below the log's start (the records it needs are gone), beyond its
-/// end (the changelog was recreated), or older than [`CHECKPOINT_MAX_AGE`].
+/// end (the changelog was recreated), or older than `max_age` ([`CHECKPOINT_MAX_AGE`], or
+/// for a timed store [`TIMED_CHECKPOINT_MAX_AGE`]).
 fn start_of(
     backend: &mut dyn Backend,
     at: (usize, i32),
-    low: i64,
-    high: i64,
+    (low, high): (i64, i64),
+    max_age: Duration,
 ) -> Result<(i64, bool), StoreError> {
     backend.open(at)?;
     match backend.checkpoint(at)? {
-        Some(cp) if valid(cp, low, high, age(cp.at_ms)) => Ok((cp.offset, true)),
+        Some(cp) if valid(cp, low, high, age(cp.at_ms), max_age) => Ok((cp.offset, true)),
         _ => {
             backend.clear(at)?;
             backend.open(at)?;
@@ -267,8 +274,8 @@ fn start_of(
 }
 
 /// Whether a checkpoint of `age` can restore a partition whose log spans `low..high`.
-fn valid(cp: Checkpoint, low: i64, high: i64, age: Duration) -> bool {
-    cp.offset >= low && cp.offset <= high && age < CHECKPOINT_MAX_AGE
+fn valid(cp: Checkpoint, low: i64, high: i64, age: Duration, max_age: Duration) -> bool {
+    cp.offset >= low && cp.offset <= high && age < max_age
 }
 
 /// The checkpoints of store `store`'s `partitions` at the offsets `reached` gives (below which
@@ -393,14 +400,17 @@ mod tests {
             offset: 100,
             at_ms: 0,
         };
-        assert!(valid(cp, 0, 500, HOUR));
-        assert!(valid(cp, 100, 100, HOUR));
+        assert!(valid(cp, 0, 500, HOUR, CHECKPOINT_MAX_AGE));
+        assert!(valid(cp, 100, 100, HOUR, CHECKPOINT_MAX_AGE));
         // The records it needs were deleted.
-        assert!(!valid(cp, 101, 500, HOUR));
+        assert!(!valid(cp, 101, 500, HOUR, CHECKPOINT_MAX_AGE));
         // The changelog was recreated shorter.
-        assert!(!valid(cp, 0, 99, HOUR));
+        assert!(!valid(cp, 0, 99, HOUR, CHECKPOINT_MAX_AGE));
         // Tombstones may have been compacted away since.
-        assert!(!valid(cp, 0, 500, 13 * HOUR));
+        assert!(!valid(cp, 0, 500, 13 * HOUR, CHECKPOINT_MAX_AGE));
+        // A timed store's, kept an hour, sooner.
+        assert!(!valid(cp, 0, 500, HOUR, TIMED_CHECKPOINT_MAX_AGE));
+        assert!(TIMED_CHECKPOINT_MAX_AGE * 2 <= super::super::store::TIMED_TOMBSTONE_RETENTION);
     }
 
     #[test]
@@ -416,9 +426,15 @@ mod tests {
         };
         d.apply(HashMap::from([(at, c)]), &[(at, cp)])
             .expect("apply");
-        assert_eq!(start_of(&mut d, at, 0, 50).expect("start"), (40, true));
+        assert_eq!(
+            start_of(&mut d, at, (0, 50), CHECKPOINT_MAX_AGE).expect("start"),
+            (40, true)
+        );
         assert!(d.get(at, b"k").expect("get").is_some());
-        assert_eq!(start_of(&mut d, at, 41, 50).expect("start"), (41, false));
+        assert_eq!(
+            start_of(&mut d, at, (41, 50), CHECKPOINT_MAX_AGE).expect("start"),
+            (41, false)
+        );
         assert!(d.get(at, b"k").expect("get").is_none());
     }
 }

@@ -27,6 +27,14 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
 /// default), and replaying a tail without a tombstone would keep a deleted key.
 pub const CHECKPOINT_MAX_AGE: Duration = Duration::from_secs(12 * 3600);
 
+/// How long a timed store's changelog keeps a tombstone (`delete.retention.ms`, set when the
+/// job creates it): every closed window and every sent delayed record leaves one, so a day's
+/// worth, the broker's default, would be most of the changelog.
+pub const TIMED_TOMBSTONE_RETENTION: Duration = Duration::from_secs(3600);
+
+/// [`CHECKPOINT_MAX_AGE`] for a timed store: well within its tombstones' retention.
+pub const TIMED_CHECKPOINT_MAX_AGE: Duration = Duration::from_secs(1800);
+
 /// A store's failure: the disk, or what is on it.
 #[derive(Debug, thiserror::Error)]
 #[error("state store at {path}: {message}")]

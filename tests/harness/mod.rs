@@ -686,6 +686,8 @@ pub struct Member {
     /// Whether the member should be running: one that exits on its own is started again at
     /// once, as a StatefulSet would (without its back-off).
     pub wanted: bool,
+    /// The topology it runs, when not the fleet's (a second job beside the first).
+    pub topology: Option<PathBuf>,
 }
 
 pub struct Fleet {
@@ -717,6 +719,7 @@ impl Fleet {
                     id: id.clone(),
                     child: None,
                     wanted: false,
+                    topology: None,
                 })
                 .collect(),
             events: Arc::new(Mutex::new(Vec::new())),
@@ -726,6 +729,18 @@ impl Fleet {
             state_root: None,
             detached: vec![0; ids.len()],
         }
+    }
+
+    /// Adds member `id`, running `topology` instead of the fleet's; its index.
+    pub fn add(&mut self, id: &str, topology: &Path) -> usize {
+        self.members.push(Member {
+            id: id.to_string(),
+            child: None,
+            wanted: false,
+            topology: Some(topology.to_path_buf()),
+        });
+        self.detached.push(0);
+        self.members.len() - 1
     }
 
     pub fn note(&self, who: &str, text: String) {
@@ -745,9 +760,10 @@ impl Fleet {
     /// in the events and in `<log_dir>/<id>.log`.
     pub fn spawn(&mut self, i: usize) {
         let id = self.members[i].id.clone();
+        let topology = self.members[i].topology.as_ref().unwrap_or(&self.topology);
         let mut child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
             .arg("run")
-            .arg(&self.topology)
+            .arg(topology)
             .args(["--bootstrap-servers", &bootstrap(), "--instance-id", &id])
             .args(["--progress-secs", "0", "--log-json"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
