@@ -487,23 +487,7 @@ fn each_id_passes_dedupe_exactly_once_when_its_copies_come_on_other_partitions()
 fn a_paused_zombie_never_lands_a_state_write() {
     let s = setup("state-zombie");
     // Each instance's disk from the environment: the zombie's and the replacement's apart.
-    let text = std::fs::read_to_string(&s.topology).expect("topology");
-    let text: String = text
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("state_dir:") {
-                "  state_dir: ${STATE_DIR}".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&s.topology, text + "\n").expect("topology");
-    let disks = [
-        tempfile::tempdir().expect("disk"),
-        tempfile::tempdir().expect("disk"),
-    ];
+    let disks = disks_apart(&s.topology);
     let disk = |i: usize| disks[i].path().display().to_string();
     let ids: BTreeSet<u64> = (0..30_000).collect();
     let feeder = feed(&s, ids.iter().copied().collect(), 2_000);

@@ -241,6 +241,29 @@ fn expected_sessions(clicks: &[Click]) -> (BTreeMap<u64, u64>, usize) {
     (closed, bridged)
 }
 
+/// Feeds `clicks` while instance `instance` is SIGKILLed three times mid-run, then lets one
+/// finish: every expected result must come out.
+fn sigkilled_thrice(s: &Setup, clicks: Vec<Click>, expected: &BTreeMap<u64, u64>, instance: &str) {
+    let feeder = feed(s, clicks, 2_000);
+    kill_mid_run(
+        &|| spawn_job(&s.topology, instance, &[]),
+        &s.output,
+        PARTITIONS,
+        expected.len(),
+        3,
+    );
+    feeder.join().expect("feeder");
+    let child = spawn_job(&s.topology, instance, &[]);
+    let seen = wait_for_distinct(
+        &s.output,
+        PARTITIONS,
+        expected.len(),
+        Duration::from_secs(180),
+    );
+    terminate(child);
+    assert_eq!(seen, expected.len(), "not every result came out");
+}
+
 #[test]
 fn the_model_has_late_records_and_windows_to_close() {
     let clicks = clicks(20_000);
@@ -263,24 +286,7 @@ fn every_final_result_comes_once_with_its_exact_count_across_sigkills() {
     let s = setup("win-crash");
     let clicks = clicks(40_000);
     let (expected, _) = expected(&clicks);
-    let feeder = feed(&s, clicks, 2_000);
-    kill_mid_run(
-        &|| spawn_job(&s.topology, "win-0", &[]),
-        &s.output,
-        PARTITIONS,
-        expected.len(),
-        3,
-    );
-    feeder.join().expect("feeder");
-    let child = spawn_job(&s.topology, "win-0", &[]);
-    let seen = wait_for_distinct(
-        &s.output,
-        PARTITIONS,
-        expected.len(),
-        Duration::from_secs(180),
-    );
-    terminate(child);
-    assert_eq!(seen, expected.len(), "not every window came out");
+    sigkilled_thrice(&s, clicks, &expected, "win-0");
     assert_final_results(&s, &expected);
 }
 
@@ -295,24 +301,7 @@ fn every_session_comes_once_with_its_exact_count_across_sigkills() {
     );
     let clicks = clicks(40_000);
     let (expected, _) = expected_sessions(&clicks);
-    let feeder = feed(&s, clicks, 2_000);
-    kill_mid_run(
-        &|| spawn_job(&s.topology, "session-0", &[]),
-        &s.output,
-        PARTITIONS,
-        expected.len(),
-        3,
-    );
-    feeder.join().expect("feeder");
-    let child = spawn_job(&s.topology, "session-0", &[]);
-    let seen = wait_for_distinct(
-        &s.output,
-        PARTITIONS,
-        expected.len(),
-        Duration::from_secs(180),
-    );
-    terminate(child);
-    assert_eq!(seen, expected.len(), "not every session came out");
+    sigkilled_thrice(&s, clicks, &expected, "session-0");
     assert_final_results(&s, &expected);
 }
 
@@ -356,23 +345,8 @@ fn every_final_result_comes_once_while_instances_leave_and_join() {
 #[test]
 fn a_frozen_zombie_emits_no_window_twice() {
     let s = setup("win-zombie");
-    let text = std::fs::read_to_string(&s.topology).expect("topology");
-    let text = text
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("state_dir:") {
-                "  state_dir: ${STATE_DIR}".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&s.topology, text + "\n").expect("topology");
-    let disks = [
-        tempfile::tempdir().expect("disk"),
-        tempfile::tempdir().expect("disk"),
-    ];
+    // Each instance's disk from the environment: the zombie's and the replacement's apart.
+    let disks = disks_apart(&s.topology);
     let disk = |i: usize| disks[i].path().display().to_string();
     let clicks = clicks(30_000);
     let (expected, _) = expected(&clicks);

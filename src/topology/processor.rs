@@ -63,7 +63,8 @@ impl Processor {
         }
     }
 
-    /// Whether the processor changes the JSON document (and so needs JSON inputs).
+    /// Whether the processor changes the JSON document (and so needs JSON inputs). A windowed
+    /// `aggregate` makes a document of its own, whatever the input's codec.
     pub fn needs_json(&self) -> bool {
         matches!(
             self,
@@ -72,7 +73,7 @@ impl Processor {
                 | Processor::Rename(_)
                 | Processor::Explode(_)
                 | Processor::Join(_)
-        ) || matches!(self, Processor::Aggregate(a) if a.into.is_some())
+        ) || matches!(self, Processor::Aggregate(a) if a.into.is_some() && a.window.is_none())
     }
 }
 

@@ -554,6 +554,10 @@ mod tests {
             ],
             "{found:#?}"
         );
+        // A window's result is a document of its own: any input codec will do.
+        let yaml = "name: t\ninputs: [{topic: a}]\npipeline: [{aggregate: {name: n, op: count, as: n, emit: final, window: {tumbling: 1s}}}]\noutputs: [{topic: out, codec: json}]\n";
+        let found = Topology::parse_unchecked(yaml).unwrap().validate();
+        assert!(found.is_empty(), "{found:?}");
         let yaml = "name: t\ninputs: [{topic: a, codec: json}]\npipeline: [{delay: {name: later, for: 1m}}]\noutputs: [{topic: out}, {postgres: {url_env: U, table: t, id_columns: [id], columns: {id: id}}}]\n";
         let found: Vec<(String, String)> = Topology::parse_unchecked(yaml)
             .unwrap()

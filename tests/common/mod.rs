@@ -772,6 +772,28 @@ pub fn kill_mid_run(
     );
 }
 
+/// Two instances of `topology` on disks of their own (a zombie's and its replacement's): its
+/// `state_dir` line becomes `${STATE_DIR}`, and the folders to give each as `STATE_DIR`.
+pub fn disks_apart(topology: &std::path::Path) -> [tempfile::TempDir; 2] {
+    let text = std::fs::read_to_string(topology).expect("topology");
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("state_dir:") {
+                "  state_dir: ${STATE_DIR}".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(topology, text + "\n").expect("topology");
+    [
+        tempfile::tempdir().expect("disk"),
+        tempfile::tempdir().expect("disk"),
+    ]
+}
+
 /// A zombie holding an open transaction: `zombie` is frozen (SIGSTOP) in the middle of its
 /// work, once it has committed something to `output`; `replacement` starts and must bring
 /// `expected` ids to `output`; past the zombie's 10 s session timeout it is woken (SIGCONT)

@@ -11,8 +11,6 @@ use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 
 use super::{Added, Outgoing, Txn, TxnError};
 use crate::lineage::Lineage;
-use crate::record::Origin;
-use crate::txn::AbortReason;
 
 /// Where the consumer is on the partition due records were held on: its input topic, the
 /// partition, and the offset of the next record to read.
@@ -27,11 +25,11 @@ impl Txn {
     /// Adds `outputs` of records that came due on `at`'s partition, each with the lineage of
     /// the record it was made of, and the state changes of the record at hand (their removal
     /// from the store).
-    pub fn add_due<C: ConsumerContext>(
+    pub fn add_due<'o, C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
         at: Position<'_>,
-        outputs: &[Outgoing<'_>],
+        outputs: &'o [Outgoing<'_>],
     ) -> Result<Added, TxnError> {
         debug_assert!(!self.overlap.committing());
         // The last record read: its offset is committed again as it was, at least.
@@ -39,20 +37,14 @@ impl Txn {
         if self.begin_if_closed(consumer)? == Added::Aborted {
             return Ok(Added::Aborted);
         }
-        for out in outputs {
-            let origin: &Origin = &out.record.origin;
-            let lineage = out.lineage.then_some(Lineage { origin, id: None });
-            let sent = self.collector.send(
-                self.producer.client(),
-                out.topic,
-                &out.record,
-                lineage,
-                self.settings.operation_timeout,
-            );
-            if let Err(err) = sent {
-                self.fail(consumer, err, AbortReason::ProduceFailed)?;
-                return Ok(Added::Aborted);
-            }
+        let lineage = |out: &'o Outgoing<'_>| {
+            out.lineage.then_some(Lineage {
+                origin: &out.record.origin,
+                id: None,
+            })
+        };
+        if self.send_outputs(consumer, outputs, lineage)? == Added::Aborted {
+            return Ok(Added::Aborted);
         }
         self.send_changes(consumer)
     }

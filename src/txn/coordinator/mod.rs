@@ -306,22 +306,14 @@ impl Txn {
         if self.begin_if_closed(consumer)? == Added::Aborted {
             return Ok(Added::Aborted);
         }
-        for out in outputs {
-            let lineage = out.lineage.then_some(Lineage {
+        let lineage = |out: &Outgoing<'_>| {
+            out.lineage.then_some(Lineage {
                 origin,
                 id: consumed.id,
-            });
-            let sent = self.collector.send(
-                self.producer.client(),
-                out.topic,
-                &out.record,
-                lineage,
-                self.settings.operation_timeout,
-            );
-            if let Err(err) = sent {
-                self.fail(consumer, err, AbortReason::ProduceFailed)?;
-                return Ok(Added::Aborted);
-            }
+            })
+        };
+        if self.send_outputs(consumer, outputs, lineage)? == Added::Aborted {
+            return Ok(Added::Aborted);
         }
         if self.send_changes(consumer)? == Added::Aborted {
             return Ok(Added::Aborted);
@@ -347,6 +339,29 @@ impl Txn {
             self.open = true;
             self.opened_at = Instant::now();
             self.span = tracing::info_span!("txn", seq = self.attempts + 1);
+        }
+        Ok(Added::Yes)
+    }
+
+    /// Sends `outputs`, each stamped with the lineage `lineage` gives it.
+    fn send_outputs<'o, C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        outputs: &'o [Outgoing<'_>],
+        lineage: impl Fn(&'o Outgoing<'_>) -> Option<Lineage<'o>>,
+    ) -> Result<Added, TxnError> {
+        for out in outputs {
+            let sent = self.collector.send(
+                self.producer.client(),
+                out.topic,
+                &out.record,
+                lineage(out),
+                self.settings.operation_timeout,
+            );
+            if let Err(err) = sent {
+                self.fail(consumer, err, AbortReason::ProduceFailed)?;
+                return Ok(Added::Aborted);
+            }
         }
         Ok(Added::Yes)
     }
