@@ -13,9 +13,6 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 type Error = Box<dyn std::error::Error>;
 
-/// Where the timestamps begin: 2026-12-06 00:00 UTC.
-const BASE_MS: i64 = 1_796_515_200_000;
-
 fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (bootstrap, topic, n, keys, span_ms, rate) = match args.as_slice() {
@@ -25,6 +22,12 @@ fn main() -> Result<(), Error> {
     };
     let (n, keys, span_ms): (u64, u64, i64) = (n.parse()?, keys.parse()?, span_ms.parse()?);
     let started = std::time::Instant::now();
+    // The timestamps end an hour ago, on a whole minute: results timestamped with their
+    // windows stay within the topics' retention.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let base_ms = (now_ms - span_ms - 3_600_000) / 60_000 * 60_000;
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -36,7 +39,7 @@ fn main() -> Result<(), Error> {
         let key = format!("k{}", i % keys);
         let value = format!(r#"{{"n":{i},"pad":"{pad}"}}"#);
         let ts = match rate {
-            None => BASE_MS + (i as i128 * span_ms as i128 / n.max(1) as i128) as i64,
+            None => base_ms + (i as i128 * span_ms as i128 / n.max(1) as i128) as i64,
             Some(rate) => {
                 let due = started + Duration::from_secs_f64(i as f64 / rate);
                 if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {

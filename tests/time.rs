@@ -20,7 +20,11 @@ use common::*;
 const PARTITIONS: i32 = 4;
 /// Keys are numbers below this; key k is written to partition k % PARTITIONS.
 const KEYS: u64 = 40;
-const BASE: i64 = 1_700_000_000_000;
+/// Where event time begins: an hour ago, on a whole second. Results are timestamped with
+/// their windows' times, and a topic deletes records older than its retention (7 days): event
+/// times from long ago would have the broker delete results while the test reads them.
+static BASE: std::sync::LazyLock<i64> =
+    std::sync::LazyLock::new(|| (now_ms() - 3_600_000) / 1000 * 1000);
 const SIZE: i64 = 1_000;
 const GRACE: i64 = 1_000;
 
@@ -38,7 +42,10 @@ fn setup(name: &str) -> Setup {
     setup_window(
         name,
         "{tumbling: 1s, grace: 1s, time: value.ts}",
-        &format!("string((value.start - {BASE}) / {SIZE} * 1000 + int(string(key)))"),
+        &format!(
+            "string((value.start - {}) / {SIZE} * 1000 + int(string(key)))",
+            *BASE
+        ),
     )
 }
 
@@ -80,7 +87,7 @@ fn clicks(n: u64) -> Vec<Click> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(n);
     let mut all: Vec<Click> = (0..n)
         .map(|i| {
-            let on_time = BASE + 10_000 + 2 * i as i64;
+            let on_time = *BASE + 10_000 + 2 * i as i64;
             let ts = if i > 500 && rng.random_range(0..50) == 0 {
                 on_time - 5_000
             } else {
@@ -92,7 +99,7 @@ fn clicks(n: u64) -> Vec<Click> {
             }
         })
         .collect();
-    let end = BASE + 2 * n as i64 + 60_000;
+    let end = *BASE + 2 * n as i64 + 60_000;
     all.extend((0..PARTITIONS as u64).map(|p| Click { key: p, ts: end }));
     all
 }
@@ -119,7 +126,7 @@ fn expected(clicks: &[Click]) -> (BTreeMap<u64, u64>, usize) {
     let finals = counts
         .into_iter()
         .filter(|((start, key), _)| start + SIZE + GRACE <= stream_time[&(key % PARTITIONS as u64)])
-        .map(|((start, key), n)| (((start - BASE) / SIZE) as u64 * 1000 + key, n))
+        .map(|((start, key), n)| (((start - *BASE) / SIZE) as u64 * 1000 + key, n))
         .collect();
     (finals, late)
 }
@@ -232,7 +239,7 @@ fn expected_sessions(clicks: &[Click]) -> (BTreeMap<u64, u64>, usize) {
             sessions.retain(|&(s, e, n)| {
                 let done = e + close_after <= st;
                 if done {
-                    closed.insert((s - BASE) as u64 * 100 + key, n);
+                    closed.insert((s - *BASE) as u64 * 100 + key, n);
                 }
                 !done
             });
@@ -264,6 +271,41 @@ fn sigkilled_thrice(s: &Setup, clicks: Vec<Click>, expected: &BTreeMap<u64, u64>
     assert_eq!(seen, expected.len(), "not every result came out");
 }
 
+const SLIDE: i64 = 300;
+const SLIDE_GRACE: i64 = 700;
+
+/// The model of sliding windows: per partition, in order, a record is late when its time plus
+/// the grace is at most stream time; else it counts in every window of its key whose end is
+/// at or after it and at most SLIDE after it, a window ending at each distinct time of an
+/// on-time record. The windows closed at the end (end + grace <= stream time) by id (end -
+/// BASE, times 100, plus the key) with their counts.
+fn expected_sliding(clicks: &[Click]) -> BTreeMap<u64, u64> {
+    let mut stream_time: BTreeMap<u64, i64> = BTreeMap::new();
+    let mut kept: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for c in clicks {
+        let p = c.key % PARTITIONS as u64;
+        let st = stream_time.entry(p).or_insert(i64::MIN);
+        *st = (*st).max(c.ts);
+        if c.ts + SLIDE_GRACE > *st {
+            kept.entry(c.key).or_default().push(c.ts);
+        }
+    }
+    let mut closed = BTreeMap::new();
+    for (key, times) in &kept {
+        let st = stream_time[&(key % PARTITIONS as u64)];
+        for &end in times {
+            if end + SLIDE_GRACE <= st {
+                let n = times
+                    .iter()
+                    .filter(|t| **t >= end - SLIDE && **t <= end)
+                    .count();
+                closed.insert((end - *BASE) as u64 * 100 + key, n as u64);
+            }
+        }
+    }
+    closed
+}
+
 #[test]
 fn the_model_has_late_records_and_windows_to_close() {
     let clicks = clicks(20_000);
@@ -278,6 +320,8 @@ fn the_model_has_late_records_and_windows_to_close() {
         sessions.len()
     );
     assert!(bridged > 100, "{bridged} records bridged two sessions");
+    let sliding = expected_sliding(&clicks);
+    assert!(sliding.values().any(|&n| n >= 3), "no sliding window of 3");
     assert!(sessions.values().any(|&n| n >= 5), "no long session");
 }
 
@@ -297,11 +341,26 @@ fn every_session_comes_once_with_its_exact_count_across_sigkills() {
     let s = setup_window(
         "session-crash",
         &format!("{{session: {GAP}ms, grace: {SESSION_GRACE}ms, time: value.ts}}"),
-        &format!("string((value.start - {BASE}) * 100 + int(string(key)))"),
+        &format!("string((value.start - {}) * 100 + int(string(key)))", *BASE),
     );
     let clicks = clicks(40_000);
     let (expected, _) = expected_sessions(&clicks);
     sigkilled_thrice(&s, clicks, &expected, "session-0");
+    assert_final_results(&s, &expected);
+}
+
+/// Each record's sliding window counts its key's records of the 300 ms before it, out of
+/// order ones included, while the job is SIGKILLed: each closed window once, with its count.
+#[test]
+fn every_sliding_window_comes_once_with_its_exact_count_across_sigkills() {
+    let s = setup_window(
+        "sliding-crash",
+        &format!("{{sliding: {SLIDE}ms, grace: {SLIDE_GRACE}ms, time: value.ts}}"),
+        &format!("string((value.end - {}) * 100 + int(string(key)))", *BASE),
+    );
+    let clicks = clicks(30_000);
+    let expected = expected_sliding(&clicks);
+    sigkilled_thrice(&s, clicks, &expected, "sliding-0");
     assert_final_results(&s, &expected);
 }
 

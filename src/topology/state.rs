@@ -44,7 +44,7 @@ pub struct AggregateConfig {
     pub emit: Emit,
     /// The state is kept per key and per time window ([`super::time`]).
     #[serde(default)]
-    pub window: Option<super::time::WindowConfig>,
+    pub window: Option<Box<super::time::WindowConfig>>,
 }
 
 /// When an `aggregate` hands its new state downstream.
@@ -416,6 +416,12 @@ fn validate_aggregate(here: &str, a: &AggregateConfig, issue: &mut dyn FnMut(Str
             issue(
                 format!("{here}.op"),
                 "session windows merge the states of sessions a record bridges, and `reduce` has no merge: use count, sum, min, max, latest or first",
+            );
+        }
+        if w.sliding.is_some() && a.op == AggregateOp::Reduce {
+            issue(
+                format!("{here}.op"),
+                "a sliding window folds the parts its records keep (`of`), and `reduce` takes the whole record: use count, sum, min, max, latest or first",
             );
         }
         if a.delete.is_some() {

@@ -24,6 +24,10 @@ pub struct WindowConfig {
     /// them.
     #[serde(default)]
     pub session: Option<String>,
+    /// Sliding windows of this length, e.g. `5m`: each record's window holds the records of
+    /// its key at most this much older than it (`[time - sliding, time]`).
+    #[serde(default)]
+    pub sliding: Option<String>,
     /// How long after its end a window still takes records (by stream time). Default: 0.
     #[serde(default)]
     pub grace: Option<String>,
@@ -61,6 +65,8 @@ pub enum WindowKind {
     Time { size_ms: i64, advance_ms: i64 },
     /// Sessions: a key's records less than the gap apart.
     Session { gap_ms: i64 },
+    /// Each record's window: its key's records within `within_ms` before it.
+    Sliding { within_ms: i64 },
 }
 
 impl WindowConfig {
@@ -70,11 +76,28 @@ impl WindowConfig {
             Some(g) => duration_ms(g).map_err(|m| ("grace", m))?,
             None => 0,
         };
+        if let Some(within) = &self.sliding {
+            if self.tumbling.is_some()
+                || self.hopping.is_some()
+                || self.advance.is_some()
+                || self.session.is_some()
+            {
+                return Err((
+                    "sliding",
+                    "a window is `tumbling`, `hopping`, `session` or `sliding`: one of them".into(),
+                ));
+            }
+            let within_ms = positive(within).map_err(|m| ("sliding", m))?;
+            return Ok(WindowSpec {
+                kind: WindowKind::Sliding { within_ms },
+                grace_ms,
+            });
+        }
         if let Some(gap) = &self.session {
             if self.tumbling.is_some() || self.hopping.is_some() || self.advance.is_some() {
                 return Err((
                     "session",
-                    "a window is `tumbling`, `hopping` or `session`: one of them".into(),
+                    "a window is `tumbling`, `hopping`, `session` or `sliding`: one of them".into(),
                 ));
             }
             let gap_ms = positive(gap).map_err(|m| ("session", m))?;
@@ -122,7 +145,7 @@ impl WindowConfig {
             (None, None, _) => {
                 return Err((
                     "tumbling",
-                    "a window needs its kind and size: `tumbling: 1m`, `hopping: 5m` with `advance: 1m`, or `session: 30m`".into(),
+                    "a window needs its kind and size: `tumbling: 1m`, `hopping: 5m` with `advance: 1m`, `session: 30m` or `sliding: 5m`".into(),
                 ));
             }
         };
@@ -219,6 +242,10 @@ mod tests {
             window("{session: 30m}").unwrap().kind,
             WindowKind::Session { gap_ms: 1_800_000 }
         );
+        assert_eq!(
+            window("{sliding: 5m}").unwrap().kind,
+            WindowKind::Sliding { within_ms: 300_000 }
+        );
         for (yaml, field) in [
             ("{hopping: 5m}", "advance"),
             ("{hopping: 5m, advance: 2m}", "advance"),
@@ -231,6 +258,7 @@ mod tests {
             ("{grace: 1m}", "tumbling"),
             ("{session: 1m, tumbling: 1m}", "session"),
             ("{session: 0s}", "session"),
+            ("{sliding: 5m, session: 1m}", "sliding"),
         ] {
             assert_eq!(window(yaml).map_err(|(f, _)| f), Err(field), "{yaml}");
         }

@@ -102,6 +102,23 @@ impl Aggregate {
         .map_err(|m| fail(ErrorKind::WrongType, m))
     }
 
+    /// What `work` contributes to a fold: `of`'s value (nothing for `count`). Not for
+    /// `reduce`, which takes the whole record.
+    pub fn part(
+        &self,
+        work: &mut Work<'_>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<Json, RecordError> {
+        match (self.op, &self.of) {
+            (AggregateOp::Count, _) => Ok(Json::Null),
+            (AggregateOp::Reduce, _) | (_, None) => Err(fail(
+                ErrorKind::Expression,
+                format!("`{}` keeps no part of a record", self.op.name()),
+            )),
+            (_, Some(of)) => eval_json(of, work, fail),
+        }
+    }
+
     /// `init` for a key's first record, then `reduce` with `state` bound to the state.
     fn reduce(
         &self,

@@ -16,7 +16,14 @@
 //! merged ([`super::aggregate::merge`]). A session is `[start, end]`, its first and last
 //! record's time, and closes when stream time reaches its end plus the gap plus the grace:
 //! until then a record may still extend it. A key's open sessions are listed under a key of
-//! their own ([`sessions_key`]).
+//! their own ([`list_key`]).
+//!
+//! A sliding window is each record's: `[time - sliding, time]`, its key's records at most
+//! that much older (records of one time share one). The parts the records contribute (`of`)
+//! are listed per key, in time order, as long as an open window may reach them, and a
+//! window's state is their fold: with `emit: final` when it closes (stream time at its end
+//! plus the grace), on update the record's own window and the later records' windows it
+//! falls in. A record is late when its own window has closed.
 //!
 //! A window's key is its end, its start and the record key ([`window_key`]): the store is
 //! timed, so the windows that close are found in end order without a scan
@@ -140,6 +147,7 @@ impl Window {
         match self.spec.kind {
             WindowKind::Time { .. } => self.spec.grace_ms,
             WindowKind::Session { gap_ms } => gap_ms.saturating_add(self.spec.grace_ms),
+            WindowKind::Sliding { .. } => self.spec.grace_ms,
         }
     }
 
@@ -169,6 +177,7 @@ impl Window {
         let open: Vec<(i64, i64)> = match self.spec.kind {
             WindowKind::Time { .. } => windows_of(ts, &self.spec),
             WindowKind::Session { .. } => vec![(ts, ts)],
+            WindowKind::Sliding { within_ms } => vec![(ts.saturating_sub(within_ms), ts)],
         }
         .into_iter()
         .filter(|&(_, end)| !is_closed(end, self.close_after(), stream_time))
@@ -194,7 +203,17 @@ impl Window {
             );
         }
         let mut updated = Vec::new();
-        for (start, end) in open {
+        if let WindowKind::Sliding { within_ms } = self.spec.kind
+            && !open.is_empty()
+        {
+            let key_at = (partition, key.as_slice());
+            for (start, end, new) in
+                self.slide(agg, state, key_at, ts, within_ms, &mut work, fail)?
+            {
+                updated.push(self.result(&work, key.clone(), start, end, new));
+            }
+        }
+        for (start, end) in open.into_iter().filter(|_| !self.is_sliding()) {
             let (start, end, new) = match self.spec.kind {
                 WindowKind::Time { .. } => {
                     let wk = window_key(start, end, &key);
@@ -204,12 +223,13 @@ impl Window {
                 WindowKind::Session { gap_ms } => {
                     self.extend_session(agg, state, (partition, &key), ts, gap_ms, &mut work, fail)?
                 }
+                WindowKind::Sliding { .. } => continue,
             };
             if !self.emit_final {
                 updated.push(self.result(&work, key.clone(), start, end, new));
             }
         }
-        let mut out = self.close(agg.store, partition, stream_time, state, &work, fail)?;
+        let mut out = self.close(agg, partition, stream_time, state, &work, fail)?;
         out.extend(updated);
         Ok(out)
     }
@@ -261,7 +281,7 @@ impl Window {
         let new = fold_into(agg, state, (partition, &wk), Some(merged), work, fail)?;
         sessions = far;
         sessions.push((start, end));
-        put_sessions(state, store, partition, key, &sessions);
+        put_list(state, store, partition, key, &sessions);
         Ok((start, end, new))
     }
 
@@ -269,7 +289,7 @@ impl Window {
     /// states on.
     fn close<'a>(
         &self,
-        store: usize,
+        agg: &Aggregate,
         partition: i32,
         stream_time: i64,
         state: &mut dyn KeyedState,
@@ -281,7 +301,9 @@ impl Window {
                 .saturating_sub(self.close_after())
                 .saturating_add(1),
         );
+        let store = agg.store;
         let mut out = Vec::new();
+        let mut slid: Vec<Vec<u8>> = Vec::new();
         for (wk, bytes) in state
             .due(store, partition, &below)
             .map_err(|e| unreadable(fail, e))?
@@ -293,14 +315,82 @@ impl Window {
             if let WindowKind::Session { .. } = self.spec.kind {
                 let mut sessions = sessions_of(state, store, partition, k, fail)?;
                 sessions.retain(|&s| s != (start, end));
-                put_sessions(state, store, partition, k, &sessions);
+                put_list(state, store, partition, k, &sessions);
             }
-            if self.emit_final {
+            if let WindowKind::Sliding { .. } = self.spec.kind {
+                if self.emit_final {
+                    let parts = parts_of(state, store, partition, k, fail)?;
+                    let value = fold_parts(agg, &parts, start, end, fail)?;
+                    out.push(self.result(work, k.to_vec(), start, end, value));
+                }
+                if !slid.iter().any(|s: &Vec<u8>| s == k) {
+                    slid.push(k.to_vec());
+                }
+            } else if self.emit_final {
                 let value = stored_json(&bytes, fail)?;
                 out.push(self.result(work, k.to_vec(), start, end, value));
             }
         }
+        // The parts no open window reaches any more, once the closed ones are folded.
+        if let WindowKind::Sliding { within_ms } = self.spec.kind {
+            let oldest = stream_time
+                .saturating_sub(self.spec.grace_ms)
+                .saturating_sub(within_ms);
+            for k in slid {
+                let parts = parts_of(state, store, partition, &k, fail)?;
+                let kept: Vec<_> = parts.into_iter().filter(|(t, _)| *t >= oldest).collect();
+                put_list(state, store, partition, &k, &kept);
+            }
+        }
         Ok(out)
+    }
+
+    fn is_sliding(&self) -> bool {
+        matches!(self.spec.kind, WindowKind::Sliding { .. })
+    }
+
+    /// Keeps the part of the record at `ts` in its key's list, and marks its window `[ts -
+    /// within, ts]`; the windows whose state changed, with their new states (its own and,
+    /// for a record that came out of order, the later records' windows it falls in).
+    #[allow(clippy::too_many_arguments)]
+    fn slide(
+        &self,
+        agg: &Aggregate,
+        state: &mut dyn KeyedState,
+        (partition, key): (i32, &[u8]),
+        ts: i64,
+        within_ms: i64,
+        work: &mut Work<'_>,
+        fail: &impl Fn(ErrorKind, String) -> RecordError,
+    ) -> Result<Vec<(i64, i64, Json)>, RecordError> {
+        let store = agg.store;
+        let part = agg.part(work, fail)?;
+        let mut parts = parts_of(state, store, partition, key, fail)?;
+        // After every part of the same time: a key's parts stay in the order they came.
+        let at = parts.partition_point(|(t, _)| *t <= ts);
+        parts.insert(at, (ts, part));
+        put_list(state, store, partition, key, &parts);
+        state.put(
+            store,
+            partition,
+            &window_key(ts.saturating_sub(within_ms), ts, key),
+            Some(b"0".to_vec()),
+        );
+        if self.emit_final {
+            return Ok(Vec::new());
+        }
+        let mut ends: Vec<i64> = parts
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t >= ts && *t <= ts.saturating_add(within_ms))
+            .collect();
+        ends.dedup();
+        ends.into_iter()
+            .map(|end| {
+                let start = end.saturating_sub(within_ms);
+                Ok((start, end, fold_parts(agg, &parts, start, end, fail)?))
+            })
+            .collect()
     }
 
     /// What goes downstream of window `[start, end)` of `key` with state `value`: an object
@@ -326,7 +416,7 @@ impl Window {
             headers: Vec::new(),
             timestamp: Some(match self.spec.kind {
                 WindowKind::Time { .. } => end - 1,
-                WindowKind::Session { .. } => end,
+                WindowKind::Session { .. } | WindowKind::Sliding { .. } => end,
             }),
             origin: work.origin.clone(),
         }
@@ -379,8 +469,9 @@ fn fold_into(
     Ok(new)
 }
 
-/// The key under which a key's open sessions are listed: after every time, so never due.
-fn sessions_key(key: &[u8]) -> Vec<u8> {
+/// The key under which a key's open sessions (or a sliding window's parts) are listed:
+/// after every time, so never due.
+fn list_key(key: &[u8]) -> Vec<u8> {
     let mut k = vec![0xff; 8];
     k.extend_from_slice(key);
     k
@@ -395,7 +486,7 @@ fn sessions_of(
     fail: &impl Fn(ErrorKind, String) -> RecordError,
 ) -> Result<Vec<(i64, i64)>, RecordError> {
     match state
-        .get(store, partition, &sessions_key(key))
+        .get(store, partition, &list_key(key))
         .map_err(|e| unreadable(fail, e))?
     {
         None => Ok(Vec::new()),
@@ -408,15 +499,57 @@ fn sessions_of(
     }
 }
 
-fn put_sessions(
+/// Puts `key`'s list (its open sessions, or its sliding parts); an empty one deletes it.
+fn put_list<T: serde::Serialize>(
     state: &mut dyn KeyedState,
     store: usize,
     partition: i32,
     key: &[u8],
-    sessions: &[(i64, i64)],
+    list: &[T],
 ) {
-    let value = (!sessions.is_empty()).then(|| serde_json::to_vec(sessions).unwrap_or_default());
-    state.put(store, partition, &sessions_key(key), value);
+    // Serialising numbers and JSON values to a vector cannot fail.
+    let value = (!list.is_empty()).then(|| serde_json::to_vec(list).unwrap_or_default());
+    state.put(store, partition, &list_key(key), value);
+}
+
+/// The parts of `key`'s records a sliding window keeps: `(time, part)`, in time order.
+fn parts_of(
+    state: &mut dyn KeyedState,
+    store: usize,
+    partition: i32,
+    key: &[u8],
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Vec<(i64, Json)>, RecordError> {
+    match state
+        .get(store, partition, &list_key(key))
+        .map_err(|e| unreadable(fail, e))?
+    {
+        None => Ok(Vec::new()),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            fail(
+                ErrorKind::BadJson,
+                format!("the stored parts of this key are not JSON: {e}"),
+            )
+        }),
+    }
+}
+
+/// The state of the sliding window `[start, end]`: its parts folded in order.
+fn fold_parts(
+    agg: &Aggregate,
+    parts: &[(i64, Json)],
+    start: i64,
+    end: i64,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Json, RecordError> {
+    let mut state = None;
+    for (_, part) in parts.iter().filter(|(t, _)| *t >= start && *t <= end) {
+        state = Some(
+            super::aggregate::fold(agg.op, state, part.clone())
+                .map_err(|m| fail(ErrorKind::WrongType, m))?,
+        );
+    }
+    Ok(state.unwrap_or(Json::Null))
 }
 
 #[cfg(test)]
@@ -580,6 +713,45 @@ mod tests {
         assert_eq!(got, ["a:1-1=1", "a:25-25=1", "a:1-25=3"]);
         // What is left: stream time, the session, and the key's list of sessions.
         assert_eq!(s.sizes()[0].0, 3);
+    }
+
+    #[test]
+    fn a_sliding_window_holds_its_keys_records_within_its_length_before_it() {
+        let (p, mut s) =
+            job("{name: n, op: count, as: n, emit: final, window: {sliding: 10ms, grace: 5ms}}");
+        let got = feed(
+            &p,
+            &mut s,
+            &[
+                ("a", 1),
+                ("a", 5),
+                ("a", 12),
+                ("a", 14),
+                ("a", 3),
+                ("a", 30),
+            ],
+            true,
+        );
+        assert_eq!(
+            got,
+            [
+                "",
+                "",
+                // Stream time 12: the windows ending at 1 and 5 close.
+                "a:-9-1=1 a:-5-5=2",
+                "",
+                // Late: its own window [-7, 3] closed at 8.
+                "",
+                "a:2-12=2 a:4-14=3",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_record_out_of_order_updates_the_later_sliding_windows_it_falls_in() {
+        let (p, mut s) = job("{name: n, op: count, as: n, window: {sliding: 10ms, grace: 10ms}}");
+        let got = feed(&p, &mut s, &[("a", 1), ("a", 5), ("a", 3)], true);
+        assert_eq!(got, ["a:-9-1=1", "a:-5-5=2", "a:-7-3=2 a:-5-5=3"]);
     }
 
     #[test]
