@@ -486,19 +486,10 @@ fn each_id_passes_dedupe_exactly_once_when_its_copies_come_on_other_partitions()
 #[test]
 fn a_paused_zombie_never_lands_a_state_write() {
     let s = setup("state-zombie");
-    // Each instance's disk from the environment: the zombie's and the replacement's apart.
-    let disks = disks_apart(&s.topology);
-    let disk = |i: usize| disks[i].path().display().to_string();
     let ids: BTreeSet<u64> = (0..30_000).collect();
     let feeder = feed(&s, ids.iter().copied().collect(), 2_000);
-    let zombie = spawn_job(&s.topology, "zombie-0", &[("STATE_DIR", disk(0).as_str())]);
-    let replacement = freeze_replace_wake(
-        zombie,
-        &|| spawn_job(&s.topology, "zombie-0", &[("STATE_DIR", disk(1).as_str())]),
-        &s.output,
-        PARTITIONS,
-        ids.len(),
-    );
+    let (replacement, _disks) =
+        zombie_on_its_own_disk(&s.topology, "zombie-0", &s.output, PARTITIONS, ids.len());
     feeder.join().expect("feeder");
     terminate(replacement);
     assert_exact(&s, &ids);

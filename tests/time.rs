@@ -404,20 +404,11 @@ fn every_final_result_comes_once_while_instances_leave_and_join() {
 #[test]
 fn a_frozen_zombie_emits_no_window_twice() {
     let s = setup("win-zombie");
-    // Each instance's disk from the environment: the zombie's and the replacement's apart.
-    let disks = disks_apart(&s.topology);
-    let disk = |i: usize| disks[i].path().display().to_string();
     let clicks = clicks(30_000);
     let (expected, _) = expected(&clicks);
     let feeder = feed(&s, clicks, 2_000);
-    let zombie = spawn_job(&s.topology, "win-z", &[("STATE_DIR", disk(0).as_str())]);
-    let replacement = freeze_replace_wake(
-        zombie,
-        &|| spawn_job(&s.topology, "win-z", &[("STATE_DIR", disk(1).as_str())]),
-        &s.output,
-        PARTITIONS,
-        expected.len(),
-    );
+    let (replacement, _disks) =
+        zombie_on_its_own_disk(&s.topology, "win-z", &s.output, PARTITIONS, expected.len());
     feeder.join().expect("feeder");
     terminate(replacement);
     assert_final_results(&s, &expected);

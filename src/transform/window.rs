@@ -485,6 +485,18 @@ fn sessions_of(
     key: &[u8],
     fail: &impl Fn(ErrorKind, String) -> RecordError,
 ) -> Result<Vec<(i64, i64)>, RecordError> {
+    list_of(state, (store, partition), key, "sessions", fail)
+}
+
+/// `key`'s list (its open sessions, or its sliding parts), `what` it holds naming it in an
+/// error.
+fn list_of<T: serde::de::DeserializeOwned>(
+    state: &mut dyn KeyedState,
+    (store, partition): (usize, i32),
+    key: &[u8],
+    what: &str,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<Vec<T>, RecordError> {
     match state
         .get(store, partition, &list_key(key))
         .map_err(|e| unreadable(fail, e))?
@@ -493,7 +505,7 @@ fn sessions_of(
         Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
             fail(
                 ErrorKind::BadJson,
-                format!("the stored sessions of this key are not JSON: {e}"),
+                format!("the stored {what} of this key are not JSON: {e}"),
             )
         }),
     }
@@ -520,18 +532,7 @@ fn parts_of(
     key: &[u8],
     fail: &impl Fn(ErrorKind, String) -> RecordError,
 ) -> Result<Vec<(i64, Json)>, RecordError> {
-    match state
-        .get(store, partition, &list_key(key))
-        .map_err(|e| unreadable(fail, e))?
-    {
-        None => Ok(Vec::new()),
-        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-            fail(
-                ErrorKind::BadJson,
-                format!("the stored parts of this key are not JSON: {e}"),
-            )
-        }),
-    }
+    list_of(state, (store, partition), key, "parts", fail)
 }
 
 /// The state of the sliding window `[start, end]`: its parts folded in order.

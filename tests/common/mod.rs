@@ -794,6 +794,28 @@ pub fn disks_apart(topology: &std::path::Path) -> [tempfile::TempDir; 2] {
     ]
 }
 
+/// [`freeze_replace_wake`] of instance `instance` of `topology`, the zombie and its
+/// replacement each on a disk of its own ([`disks_apart`]).
+pub fn zombie_on_its_own_disk(
+    topology: &std::path::Path,
+    instance: &str,
+    output: &str,
+    partitions: i32,
+    expected: usize,
+) -> (KillOnDrop, [tempfile::TempDir; 2]) {
+    let disks = disks_apart(topology);
+    let disk = |i: usize| disks[i].path().display().to_string();
+    let zombie = spawn_job(topology, instance, &[("STATE_DIR", disk(0).as_str())]);
+    let replacement = freeze_replace_wake(
+        zombie,
+        &|| spawn_job(topology, instance, &[("STATE_DIR", disk(1).as_str())]),
+        output,
+        partitions,
+        expected,
+    );
+    (replacement, disks)
+}
+
 /// A zombie holding an open transaction: `zombie` is frozen (SIGSTOP) in the middle of its
 /// work, once it has committed something to `output`; `replacement` starts and must bring
 /// `expected` ids to `output`; past the zombie's 10 s session timeout it is woken (SIGCONT)
