@@ -162,3 +162,35 @@ impl RecordError {
         self.kind.is_permanent()
     }
 }
+
+/// Approximate encoded size of a record: key, value, headers and librdkafka's framing.
+pub fn encoded_size(rec: &Record) -> usize {
+    const OVERHEAD: usize = 128;
+    rec.key.as_ref().map_or(0, Vec::len)
+        + rec.value.as_ref().map_or(0, Vec::len)
+        + rec
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 8)
+            .sum::<usize>()
+        + OVERHEAD
+}
+
+/// Refuses outputs too large to send, before any of them is sent: a record either goes out
+/// whole or to the dead-letter topic.
+pub fn check_sizes(outputs: &[(usize, Record)], max: usize) -> Result<(), RecordError> {
+    match outputs.iter().find(|(_, r)| encoded_size(r) > max) {
+        None => Ok(()),
+        Some((index, r)) => Err(RecordError {
+            kind: ErrorKind::TooLarge,
+            stage: Stage::Output {
+                index: *index,
+                name: String::new(),
+            },
+            message: format!(
+                "output of about {} bytes exceeds message.max.bytes ({max})",
+                encoded_size(r)
+            ),
+        }),
+    }
+}

@@ -280,6 +280,9 @@ fn feed(
         out.clear();
         state.begin_record();
         let processed = pipeline.process_with(record, state, &mut out);
+        for (_, e) in state.take_rejected() {
+            errors.push((n, e.kind.name().to_string(), e.to_string()));
+        }
         if processed.is_ok() {
             let _ = state.take_record();
             if let Err(e) = state.commit() {

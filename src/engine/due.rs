@@ -18,6 +18,9 @@ use crate::txn::{Added, Outgoing, Position, Txn, TxnError};
 /// due, plus the transaction's commit interval.
 pub(super) const PUNCTUATE_EVERY: Duration = Duration::from_millis(50);
 
+/// The most due records of a partition one look sends.
+const DUE_PER_LOOK: usize = 5_000;
+
 /// The store index of each `delay` step of `topology`.
 pub(super) fn delay_stores(topology: &crate::topology::Topology) -> Vec<usize> {
     topology
@@ -64,10 +67,16 @@ impl Job<'_> {
         now_ms: i64,
     ) -> Result<Added, EngineError> {
         let state_error = |e: String| EngineError::Txn(TxnError::State(e));
-        let due = txn
+        // No record's changes are at hand: what is due is what committed or joined the open
+        // transaction.
+        txn.state().begin_record();
+        let mut due = txn
             .state()
             .due(store, partition, &time_key(now_ms.saturating_add(1)))
             .map_err(|e| state_error(e.to_string()))?;
+        // A bounded batch per look: a backlog after an outage goes out over several
+        // transactions.
+        due.truncate(DUE_PER_LOOK);
         if due.is_empty() {
             return Ok(Added::Yes);
         }
@@ -76,13 +85,19 @@ impl Job<'_> {
             // Not this instance's any more, or its offset unknown for now: the next look.
             return Ok(Added::Yes);
         };
-        txn.state().begin_record();
         let mut outputs = Vec::new();
         let mut lateness = Vec::with_capacity(due.len());
         for (key, bytes) in due {
             txn.state().put(store, partition, &key, None);
             lateness.push(now_ms - key_time(&key).unwrap_or(now_ms));
-            let held = delay::decode(&bytes).map_err(state_error)?;
+            let held = match delay::decode(&bytes) {
+                Ok(held) => held,
+                Err(e) => {
+                    // Unreadable (written by another version?): it can never be sent.
+                    crate::telemetry::delayed_unreadable(&txn.state().topics()[store], &e);
+                    continue;
+                }
+            };
             outputs.extend(held.into_iter().filter_map(|h| {
                 let (index, record) = h.into_output();
                 Some(Outgoing {

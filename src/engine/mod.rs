@@ -27,6 +27,7 @@ use crate::dlq;
 use crate::fence::{ConsumerEnd, Next, Rejoins};
 use crate::instance::{Identity, RunOptions, Summary, call_bound};
 use crate::kafka::clients;
+use crate::record::check_sizes;
 use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
@@ -38,7 +39,7 @@ use crate::topology::{ConfigIssue, Target, Topology};
 use crate::transform::Pipeline;
 use crate::txn::{AbortReason, Added, Committed, Consumed, Outgoing, Txn, TxnError, TxnSettings};
 use outcome::{Outcome, Policy};
-use size::{check_sizes, fit_dead_letter, max_message_bytes};
+use size::fit_dead_letter;
 
 pub use crate::topology::MESSAGE_ID_HEADER;
 
@@ -372,7 +373,7 @@ impl<'t> Job<'t> {
             dead_letter_topic: topology.dead_letter_topic(),
             dead_letter_checked: false,
             metadata_timeout: Duration::from_millis(runtime.transaction_timeout_ms),
-            max_message_bytes: max_message_bytes(topology),
+            max_message_bytes: topology.max_message_bytes(),
             coalesce: topology.coalescing_step().is_some(),
             injected_failures: options.transient_failures,
             paused: Paused::default(),
@@ -544,6 +545,10 @@ impl<'t> Job<'t> {
                             lineage: lineage.get(index).copied().unwrap_or(true),
                         })
                     }));
+                let rejected = txn.state().take_rejected();
+                if !rejected.is_empty() {
+                    return self.add_with_rejected(consumer, txn, consumed, rejected);
+                }
                 let _ = if self.coalesce {
                     txn.add_latest(
                         consumer,
@@ -557,8 +562,10 @@ impl<'t> Job<'t> {
                 Ok(())
             }
             Outcome::Pause { for_ } => {
-                // Keep the transaction clean: commit what is open, then stop this partition at
-                // this record and try it again later.
+                // The record leaves no change (it comes again), then: keep the transaction
+                // clean, commit what is open, stop this partition at this record and try it
+                // again later.
+                txn.state().discard_record();
                 if txn.commit_before(consumer, &origin)? != Committed::Aborted {
                     self.paused.pause_at(consumer, &origin, for_)?;
                     telemetry::partition_paused(&origin, for_);
@@ -605,6 +612,45 @@ impl<'t> Job<'t> {
                 Ok(())
             }
         }
+    }
+
+    /// Adds the record's outputs with the dead letters of the records it made that failed
+    /// after it (a window's final results), in one go.
+    fn add_with_rejected(
+        &mut self,
+        consumer: &JobConsumer,
+        txn: &mut Txn,
+        consumed: Consumed<'_>,
+        rejected: Vec<(Record, RecordError)>,
+    ) -> Result<(), EngineError> {
+        self.ensure_dead_letter_topic(consumer, txn)?;
+        let mut all = self.outputs.clone();
+        for (record, e) in &rejected {
+            telemetry::record_failed(&record.origin, e, self.topology.runtime.on_error, 1);
+            let letter = dlq::dead_letter(
+                record,
+                &dlq::Failure {
+                    kind: e.kind.name().to_string(),
+                    message: e.message.clone(),
+                    stage: e.stage.to_string(),
+                    attempts: 1,
+                },
+                &self.topology.name,
+                self.instance_id,
+                now_ms(),
+            );
+            all.push(Outgoing {
+                topic: self.dead_letter_topic.as_str(),
+                record: fit_dead_letter(letter, self.max_message_bytes),
+                lineage: false,
+            });
+        }
+        if txn.add(consumer, consumed, &all)? == Added::Yes {
+            for (_, e) in &rejected {
+                telemetry::dead_lettered(e.kind.name());
+            }
+        }
+        Ok(())
     }
 
     /// The dead-letter topic must exist before the first record goes there; nothing of this

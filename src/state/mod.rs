@@ -63,6 +63,10 @@ pub trait KeyedState {
     /// The record at hand came after its windows closed and was dropped (a windowed
     /// `aggregate`): counted when its transaction commits.
     fn late(&mut self, store: usize);
+    /// A record the record at hand made, not of its own (a window's final result, closed by
+    /// it), failed in the steps after: it goes to the dead-letter topic with the record at
+    /// hand's outputs, and the record at hand's changes stand.
+    fn reject(&mut self, record: crate::record::Record, error: crate::record::RecordError);
     /// The entries of timed store `store` of `partition` whose keys sort below `below`, in key
     /// order, as [`KeyedState::get`] sees them (a timed store's keys begin with a time, see
     /// [`time_key`]).
@@ -167,6 +171,8 @@ pub struct Stores {
     pending: HashMap<(usize, i32), Changes>,
     /// The changes of the record at hand, in order.
     record: Vec<Change>,
+    /// The records the record at hand made that failed ([`KeyedState::reject`]).
+    rejected: Vec<(crate::record::Record, crate::record::RecordError)>,
     /// What metrics count of the record at hand, and of the open transaction by store.
     record_tally: Vec<(usize, Tally)>,
     pending_tally: Vec<[u64; 3]>,
@@ -212,6 +218,7 @@ impl Stores {
             backend,
             pending: HashMap::new(),
             record: Vec::new(),
+            rejected: Vec::new(),
             record_tally: Vec::new(),
             pending_tally: Vec::new(),
             timed: Vec::new(),
@@ -357,12 +364,19 @@ impl Stores {
     pub fn begin_record(&mut self) {
         self.record.clear();
         self.record_tally.clear();
+        self.rejected.clear();
     }
 
     /// The record at hand leaves no change (it failed, is dead-lettered, skipped or retried).
     pub fn discard_record(&mut self) {
         self.record.clear();
         self.record_tally.clear();
+        self.rejected.clear();
+    }
+
+    /// The records the record at hand made that failed, to dead-letter with its outputs.
+    pub fn take_rejected(&mut self) -> Vec<(crate::record::Record, crate::record::RecordError)> {
+        std::mem::take(&mut self.rejected)
     }
 
     /// The record's changes join the open transaction; returned to be sent to the changelog.
@@ -654,6 +668,10 @@ impl KeyedState for Stores {
 
     fn late(&mut self, store: usize) {
         self.record_tally.push((store, Tally::Late));
+    }
+
+    fn reject(&mut self, record: crate::record::Record, error: crate::record::RecordError) {
+        self.rejected.push((record, error));
     }
 
     fn due(&mut self, store: usize, partition: i32, below: &[u8]) -> Result<Entries, StoreError> {

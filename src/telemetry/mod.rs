@@ -190,6 +190,14 @@ pub fn state_tally(stores: &[String], tally: &[[u64; 3]]) {
     }
 }
 
+/// A delayed record of `store` cannot be read back: it is dropped from the store.
+pub fn delayed_unreadable(store: &str, why: &str) {
+    error!(
+        store,
+        why, "a delayed record cannot be read back; it is removed from the store, not sent"
+    );
+}
+
 /// Delayed records of `store` were sent, this late (milliseconds past their due time).
 pub fn delay_sent(store: &str, lateness_ms: &[i64]) {
     counter!(m::DELAY_EMITTED, "store" => store.to_string()).increment(lateness_ms.len() as u64);

@@ -48,6 +48,18 @@ pub use http::HttpOutput;
 pub use outbox::OutboxInput;
 pub use postgres::PostgresOutput;
 
+impl Topology {
+    /// The producer's `message.max.bytes`: a larger record fails at send, for good.
+    pub fn max_message_bytes(&self) -> usize {
+        let k = &self.kafka;
+        k.producer
+            .get("message.max.bytes")
+            .or_else(|| k.common.get("message.max.bytes"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000)
+    }
+}
+
 /// Client settings that exactly-once depends on. onceflow sets them itself and refuses any
 /// attempt to override them from a topology or a config file.
 pub const PROTECTED_CLIENT_SETTINGS: &[&str] = &[

@@ -25,6 +25,8 @@ pub(super) struct Compiler<'t> {
     unknown_outputs: Vec<ConfigIssue>,
     /// Stateful steps compiled so far: the next one's store index.
     stores: usize,
+    /// The producer's `message.max.bytes`.
+    max_message_bytes: usize,
 }
 
 impl<'t> Compiler<'t> {
@@ -39,6 +41,7 @@ impl<'t> Compiler<'t> {
             issues: Vec::new(),
             unknown_outputs: Vec::new(),
             stores: 0,
+            max_message_bytes: topology.max_message_bytes(),
         }
     }
 
@@ -148,6 +151,7 @@ impl<'t> Compiler<'t> {
                 store,
                 until,
                 fixed_ms,
+                max_bytes: self.max_message_bytes,
             })),
             Err((field, message)) => {
                 self.issues.push(ConfigIssue {

@@ -23,6 +23,9 @@ pub struct Delay {
     /// When a record is due (`until`); `None`: its timestamp plus `fixed_ms`.
     pub until: Option<Expression>,
     pub fixed_ms: Option<i64>,
+    /// The producer's `message.max.bytes`: a held output, and what a record holds in the
+    /// store, must fit in a message (else they could never be sent).
+    pub max_bytes: usize,
 }
 
 /// One output held until due: the output's index and the record as encoded for it.
@@ -123,6 +126,8 @@ impl Delay {
         if outputs.is_empty() {
             return Ok(());
         }
+        // Checked now, while the record can still be dead-lettered with its context.
+        crate::record::check_sizes(&outputs, self.max_bytes)?;
         if due <= crate::state::now_ms() {
             out.extend(outputs);
             return Ok(());
@@ -139,7 +144,18 @@ impl Delay {
             None => Vec::new(),
         };
         held.extend(outputs.into_iter().map(|(o, r)| Held::of(o, r)));
-        state.put(self.store, partition, &key, Some(encode(&held)));
+        let value = encode(&held);
+        if value.len() + key.len() + 128 > self.max_bytes {
+            return Err(fail(
+                ErrorKind::TooLarge,
+                format!(
+                    "its outputs held until due take {} bytes, over message.max.bytes ({}): they would not fit in the changelog",
+                    value.len(),
+                    self.max_bytes
+                ),
+            ));
+        }
+        state.put(self.store, partition, &key, Some(value));
         Ok(())
     }
 }
@@ -147,6 +163,36 @@ impl Delay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_too_large_to_send_are_refused_when_the_record_comes() {
+        let yaml = "name: t\ninputs: [{topic: in}]\npipeline: [{delay: {name: later, for: 1h}}]\noutputs: [{topic: out}]\nkafka: {producer: {message.max.bytes: '400'}}\n";
+        let t = crate::topology::Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let p = crate::transform::Pipeline::compile(&t).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut s = crate::state::Stores::new(
+            t.store_topics(),
+            Box::<crate::state::store::Memory>::default(),
+        )
+        .with_timed(t.timed_stores());
+        let record = |len: usize| Record {
+            key: Some(b"k".to_vec()),
+            value: Some(vec![b'x'; len]),
+            headers: Vec::new(),
+            timestamp: Some(crate::state::now_ms()),
+            origin: Origin {
+                topic: "in".into(),
+                partition: 0,
+                offset: 7,
+            },
+        };
+        let mut out = Vec::new();
+        s.begin_record();
+        p.process_with(record(100), &mut s, &mut out).expect("held");
+        assert!(out.is_empty(), "held, not sent");
+        s.begin_record();
+        let e = p.process_with(record(500), &mut s, &mut out).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::TooLarge);
+    }
 
     #[test]
     fn held_outputs_come_back_as_they_went_and_keys_sort_by_due_time() {

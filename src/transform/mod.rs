@@ -70,6 +70,20 @@ impl<'a> Work<'a> {
         }
     }
 
+    /// The record as it is now, its value JSON (or its bytes), for a dead-letter copy.
+    fn to_record(&self) -> Record {
+        Record {
+            key: self.key.clone(),
+            value: match &self.body {
+                Value::Raw(b) => b.map(<[u8]>::to_vec),
+                Value::Json(doc) => doc.as_ref().map(|d| d.to_json().to_string().into_bytes()),
+            },
+            headers: self.headers.clone(),
+            timestamp: self.timestamp,
+            origin: self.origin.clone(),
+        }
+    }
+
     fn scope(&self) -> Scope<'_, 'a> {
         Scope {
             value: match &self.body {
@@ -357,7 +371,18 @@ impl Pipeline {
                 Step::Aggregate(a) => a.apply(&mut work, state, &fail)?,
                 Step::Window(aw) => {
                     let (a, w) = aw.as_ref();
-                    for each in w.apply(a, work, state, &fail)? {
+                    let (closed, updated) = w.apply(a, work, state, &fail)?;
+                    for each in closed {
+                        // A final result that fails after the window is no fault of the
+                        // record that closed it: dead-lettered alone.
+                        let copy = each.to_record();
+                        let mark = out.len();
+                        if let Err(e) = self.run(index + 1, each, state, out) {
+                            out.truncate(mark);
+                            state.reject(copy, e);
+                        }
+                    }
+                    for each in updated {
                         self.run(index + 1, each, state, out)?;
                     }
                     return Ok(());

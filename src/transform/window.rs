@@ -66,15 +66,20 @@ pub fn windows_of(ts: i64, spec: &WindowSpec) -> Vec<(i64, i64)> {
     else {
         return Vec::new();
     };
-    let last = ts.div_euclid(advance_ms) * advance_ms;
-    let mut start = last - size_ms + advance_ms;
-    let mut windows = Vec::with_capacity((size_ms / advance_ms) as usize);
-    while start <= last {
-        windows.push((start, start.saturating_add(size_ms)));
-        start += advance_ms;
-    }
-    windows
+    let last = ts.div_euclid(advance_ms).saturating_mul(advance_ms);
+    let count = size_ms / advance_ms;
+    (0..count)
+        .rev()
+        .map(|n| {
+            let start = last.saturating_sub(n.saturating_mul(advance_ms));
+            (start, start.saturating_add(size_ms))
+        })
+        .collect()
 }
+
+/// The event times a job takes: from year 1 to year 9999. Beyond, the window arithmetic
+/// would overflow, and one record would set stream time beyond every other record's.
+pub const TIMES: std::ops::RangeInclusive<i64> = -62_135_596_800_000..=253_402_300_799_999;
 
 /// Whether a window ending at `end` has closed at `stream_time`: no record is taken into it
 /// any more, and its final state is due.
@@ -105,14 +110,30 @@ pub(super) fn event_time(
     work: &mut Work<'_>,
     fail: &impl Fn(ErrorKind, String) -> RecordError,
 ) -> Result<i64, RecordError> {
-    let Some(e) = time else {
-        return work.timestamp.ok_or_else(|| {
+    let ts = match time {
+        None => work.timestamp.ok_or_else(|| {
             fail(
                 ErrorKind::MissingField,
                 "the record has no timestamp: give the event time with `time`".into(),
             )
-        });
+        })?,
+        Some(e) => time_of(e, work, fail)?,
     };
+    if !TIMES.contains(&ts) {
+        return Err(fail(
+            ErrorKind::WrongType,
+            format!("event time {ts} is not between the years 1 and 9999"),
+        ));
+    }
+    Ok(ts)
+}
+
+/// `e`'s value as a time: milliseconds since the epoch, or an RFC 3339 string.
+fn time_of(
+    e: &Expression,
+    work: &mut Work<'_>,
+    fail: &impl Fn(ErrorKind, String) -> RecordError,
+) -> Result<i64, RecordError> {
     match eval_json(e, work, fail)? {
         Json::Number(n) => n
             .as_i64()
@@ -152,15 +173,15 @@ impl Window {
     }
 
     /// Folds `work` into its open windows and closes those stream time has passed: what
-    /// goes downstream, oldest window first (the closed windows' final states with `emit:
-    /// final`, else each updated window's new state).
+    /// goes downstream, oldest window first: the closed windows' final states (with `emit:
+    /// final`), then each updated window's new state (on update).
     pub fn apply<'a>(
         &self,
         agg: &Aggregate,
         mut work: Work<'a>,
         state: &mut dyn KeyedState,
         fail: &impl Fn(ErrorKind, String) -> RecordError,
-    ) -> Result<Vec<Work<'a>>, RecordError> {
+    ) -> Result<(Vec<Work<'a>>, Vec<Work<'a>>), RecordError> {
         let Some(key) = work.key.clone() else {
             return Err(fail(
                 ErrorKind::MissingField,
@@ -229,9 +250,8 @@ impl Window {
                 updated.push(self.result(&work, key.clone(), start, end, new));
             }
         }
-        let mut out = self.close(agg, partition, stream_time, state, &work, fail)?;
-        out.extend(updated);
-        Ok(out)
+        let closed = self.close(agg, partition, stream_time, state, &work, fail)?;
+        Ok((closed, updated))
     }
 
     /// Takes the record at `ts` into its key's session: the sessions it is within the gap
@@ -596,6 +616,17 @@ mod tests {
                 };
                 match p.process_with(r, s, &mut out) {
                     Ok(()) => {
+                        let rejected: Vec<String> = s
+                            .take_rejected()
+                            .into_iter()
+                            .map(|(r, e)| {
+                                format!(
+                                    "!{}:{}",
+                                    String::from_utf8_lossy(r.key.as_deref().unwrap()),
+                                    e.kind.name()
+                                )
+                            })
+                            .collect();
                         let _ = s.take_record();
                         if commit {
                             s.commit().expect("a memory store");
@@ -614,6 +645,7 @@ mod tests {
                                     v["n"]
                                 )
                             })
+                            .chain(rejected)
                             .collect::<Vec<_>>()
                             .join(" ")
                     }
@@ -756,6 +788,38 @@ mod tests {
     }
 
     #[test]
+    fn a_final_result_failing_after_the_window_is_rejected_alone() {
+        let yaml = "name: t\ninputs: [{topic: in, codec: json}]\npipeline: [{aggregate: {name: n, op: count, as: n, emit: final, window: {tumbling: 10ms}}}, {set_key: 'string(int(string(key)) * 2)'}]\noutputs: [{topic: out}]\n";
+        let t = Topology::parse(yaml, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let p = Pipeline::compile(&t).unwrap_or_else(|e| panic!("{e:?}"));
+        let mut s = Stores::new(
+            t.store_topics(),
+            Box::<crate::state::store::Memory>::default(),
+        )
+        .with_timed(t.timed_stores());
+        // `a` is no number: its result fails at `set_key`; the record that closed its window
+        // stands, and the window is not closed again.
+        let got = feed(&p, &mut s, &[("1", 1), ("a", 2), ("1", 12)], true);
+        assert_eq!(got, ["", "", "2:0-10=1 !a:expression"]);
+        s.begin_record();
+        let mut out = Vec::new();
+        let r = Record {
+            key: Some(b"1".to_vec()),
+            value: Some(b"{}".to_vec()),
+            headers: Vec::new(),
+            timestamp: Some(25),
+            origin: Origin {
+                topic: "in".into(),
+                partition: 0,
+                offset: 0,
+            },
+        };
+        p.process_with(r, &mut s, &mut out).unwrap();
+        assert_eq!(out.len(), 1, "only the window [10, 20) of `1`");
+        assert!(s.take_rejected().is_empty());
+    }
+
+    #[test]
     fn hopping_windows_emit_every_update_and_late_records_can_be_dead_lettered() {
         let (p, mut s) = job(
             "{name: n, op: count, as: n, window: {hopping: 20ms, advance: 10ms, late: dead_letter}}",
@@ -805,6 +869,14 @@ mod tests {
             windows_of(59, &spec(60, 20)),
             [(0, 60), (20, 80), (40, 100)]
         );
+    }
+
+    #[test]
+    fn a_time_at_the_ends_of_the_range_cuts_bounded_windows() {
+        let max = *TIMES.end();
+        assert_eq!(windows_of(max, &spec(60, 20)).len(), 3);
+        assert_eq!(windows_of(i64::MAX, &spec(60, 20)).len(), 3);
+        assert_eq!(windows_of(i64::MIN, &spec(60, 60)).len(), 1);
     }
 
     #[test]
