@@ -27,15 +27,23 @@ pub fn classify(status: u16, retry_after: Option<&str>) -> Verdict {
     match status {
         200..=299 => Verdict::Done,
         408 | 429 | 500..=599 => Verdict::Retry {
-            after: retry_after.and_then(retry_after_secs),
+            after: retry_after.and_then(|v| retry_after_delay(v, std::time::SystemTime::now())),
         },
         _ => Verdict::Refused,
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is not honoured: the backoff applies).
-fn retry_after_secs(value: &str) -> Option<Duration> {
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+/// `Retry-After` as a delay at `now`: its seconds, or the time until its HTTP date (none once
+/// that has passed: the backoff applies).
+fn retry_after_delay(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    httpdate::parse_http_date(value)
+        .ok()?
+        .duration_since(now)
+        .ok()
 }
 
 /// The status's class, a bounded label: `2xx` ... `5xx`, or `error` when no answer came.
@@ -134,6 +142,24 @@ mod tests {
     use crate::sink::SinkCause;
 
     #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        let now = httpdate::parse_http_date("Sun, 06 Dec 2026 23:00:00 GMT").unwrap();
+        assert_eq!(
+            retry_after_delay("120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            retry_after_delay("Sun, 06 Dec 2026 23:00:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after_delay("Sun, 06 Dec 2026 22:59:00 GMT", now),
+            None
+        );
+        assert_eq!(retry_after_delay("soon", now), None);
+    }
+
+    #[test]
     fn answers_are_classified() {
         assert_eq!(classify(200, None), Verdict::Done);
         assert_eq!(classify(204, Some("3")), Verdict::Done);
@@ -150,6 +176,7 @@ mod tests {
                 after: Some(Duration::from_secs(1))
             }
         );
+        // An HTTP date already past: the backoff applies.
         assert_eq!(
             classify(503, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
             Verdict::Retry { after: None }

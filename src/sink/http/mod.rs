@@ -8,7 +8,7 @@
 //! (a key whose call cannot be made stops there, and its later records wait for the next
 //! attempt); different keys go in parallel, at most `max_in_flight` requests at once.
 //!
-//! Answers: 2xx is done; 408, 429 (after its `Retry-After` seconds), 5xx, connection errors
+//! Answers: 2xx is done; 408, 429 (after its `Retry-After` seconds or date), 5xx, connection errors
 //! and timeouts are retried with a capped backoff until the transaction's deadline, then the
 //! batch fails as a transient error (the transaction aborts and its records come again);
 //! any other status refuses the record for good, and the error names it so that the
