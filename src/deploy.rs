@@ -135,6 +135,13 @@ pub fn schema_files(topology: &Topology) -> Vec<String> {
                 files.insert(f.clone());
             }
         }
+        if let Some(p) = &output.protobuf {
+            files.extend(p.schema_file.iter().cloned());
+            files.extend(p.imports.values().cloned());
+        }
+        if let Some(j) = &output.json_schema {
+            files.extend(j.schema_file.iter().cloned());
+        }
     }
     files.into_iter().collect()
 }

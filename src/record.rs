@@ -60,10 +60,16 @@ pub enum ErrorKind {
     /// The value is not Avro in the Confluent wire format where Avro is expected: a wrong
     /// magic byte, a truncated or corrupt payload, bytes left over after the record.
     BadAvro,
-    /// The schema id the value names is unknown to the schema registry (it answered 404).
+    /// The value is not Protobuf in the Confluent wire format where Protobuf is expected: a
+    /// wrong magic byte, a message index the schema does not have, a truncated or corrupt
+    /// message.
+    BadProtobuf,
+    /// The schema id the value names is unknown to the schema registry (it answered 404), or
+    /// names a schema of another format than the input's codec, or one that does not compile.
     UnknownSchema,
-    /// A value does not fit an Avro schema: the output's (a missing field, a wrong type, an
-    /// unknown enum symbol), or the reader schema it must be resolved to.
+    /// A value does not fit a schema: an output's (a missing field, a wrong type, an unknown
+    /// enum symbol, a JSON Schema's constraint), or the Avro reader schema it must be resolved
+    /// to.
     SchemaMismatch,
     /// The schema registry cannot be reached (or refuses the job's credentials) for a schema
     /// the record needs: transient, and never the record's fault, so the record's partition
@@ -89,6 +95,7 @@ impl ErrorKind {
             | ErrorKind::SequenceGap
             | ErrorKind::Unroutable
             | ErrorKind::BadAvro
+            | ErrorKind::BadProtobuf
             | ErrorKind::UnknownSchema
             | ErrorKind::SchemaMismatch
             | ErrorKind::NoMatch
@@ -117,6 +124,7 @@ impl ErrorKind {
             ErrorKind::SequenceGap => "sequence_gap",
             ErrorKind::Unroutable => "unroutable",
             ErrorKind::BadAvro => "bad_avro",
+            ErrorKind::BadProtobuf => "bad_protobuf",
             ErrorKind::UnknownSchema => "unknown_schema",
             ErrorKind::SchemaMismatch => "schema_mismatch",
             ErrorKind::RegistryUnavailable => "registry_unavailable",

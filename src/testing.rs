@@ -32,7 +32,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::codec::avro::{AvroDecoder, Given};
+use crate::codec::avro::Given;
 use crate::codec::{Decoder, Value};
 use crate::record::{Origin, Record};
 use crate::topology::{Codec, Output, Target, Topology};
@@ -97,13 +97,17 @@ pub struct InputRecord {
     /// Timestamp, milliseconds since the epoch.
     #[serde(default)]
     pub timestamp: Option<i64>,
-    /// Avro inputs: the schema the value is written with, inline. Default: the input's
-    /// reader schema.
+    /// Avro, Protobuf and JSON Schema inputs: the schema the value is written with, inline
+    /// (Protobuf: the `.proto` text). Default for Avro: the input's reader schema; for JSON
+    /// Schema: any value.
     #[serde(default)]
     pub schema: Option<Json>,
     /// ... or in a file, relative to the cases file.
     #[serde(default)]
     pub schema_file: Option<String>,
+    /// Protobuf inputs: the message of the schema the value is. Default: its first.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// What an output record must be; every field left out is not compared.
@@ -228,9 +232,9 @@ fn run_case(
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         let actual = &got[index];
-        // Avro outputs were decoded to JSON by `feed`.
+        // Outputs in the registry's formats were decoded to JSON by `feed`.
         let codec = match topology.output_codec(index) {
-            Codec::Avro => Codec::Json,
+            c if c.uses_registry() => Codec::Json,
             other => other,
         };
         let same = expected.len() == actual.len()
@@ -263,7 +267,15 @@ fn feed(
     state: &mut crate::state::Stores,
     mismatches: &mut Vec<String>,
 ) -> (Vec<Vec<Record>>, Vec<Failure>) {
-    let avro_out = AvroDecoder::new(std::sync::Arc::clone(pipeline.registry()), None);
+    // Outputs in the registry's formats are compared as the documents they decode to.
+    let decoders: Vec<Option<Box<dyn Decoder>>> = (0..topology.outputs.len())
+        .map(|index| {
+            let codec = topology.output_codec(index);
+            codec
+                .uses_registry()
+                .then(|| crate::codec::decoder_for(codec, pipeline.registry()))
+        })
+        .collect();
     let mut got: Vec<Vec<Record>> = vec![Vec::new(); topology.outputs.len()];
     let mut errors: Vec<Failure> = Vec::new();
     let mut out = Vec::new();
@@ -292,15 +304,16 @@ fn feed(
         match processed {
             Ok(()) => {
                 for (index, mut rec) in out.drain(..) {
-                    if topology.output_codec(index) == Codec::Avro {
-                        rec.value = match avro_out.decode(rec.value.as_deref()) {
+                    if let Some(Some(decoder)) = decoders.get(index) {
+                        rec.value = match decoder.decode(rec.value.as_deref()) {
                             Ok(Value::Json(Some(doc))) => {
                                 Some(doc.to_json().to_string().into_bytes())
                             }
                             Ok(_) => None,
                             Err(e) => {
                                 mismatches.push(format!(
-                                    "input[{n}]: its Avro output does not decode: {e}"
+                                    "input[{n}]: its {} output does not decode: {e}",
+                                    topology.output_codec(index).name()
                                 ));
                                 continue;
                             }
@@ -340,6 +353,10 @@ fn input_record(
         (Some(raw), _) => Some(raw.as_bytes().to_vec()),
         (None, Some(v)) if source.codec == Codec::Avro => Some(
             avro_value(topology, pipeline, dir, source, input, v)
+                .map_err(|e| format!("input[{n}]: {e}"))?,
+        ),
+        (None, Some(v)) if matches!(source.codec, Codec::Protobuf | Codec::JsonSchema) => Some(
+            schema_value(pipeline, dir, source.codec, input, v)
                 .map_err(|e| format!("input[{n}]: {e}"))?,
         ),
         (None, Some(Json::String(s))) => Some(s.as_bytes().to_vec()),
@@ -398,6 +415,57 @@ fn avro_value(
     crate::codec::avro::write::encode(&writer.compiled, &doc, &mut datum)
         .map_err(|e| format!("the value does not fit its schema: {e}"))?;
     Ok(crate::codec::avro::frame(id, &datum))
+}
+
+/// `value` written in the Confluent wire format as Protobuf or JSON Schema with the schema
+/// the case names, registered in the pipeline's offline registry.
+fn schema_value(
+    pipeline: &Pipeline,
+    dir: Option<&Path>,
+    codec: Codec,
+    input: &InputRecord,
+    value: &Json,
+) -> Result<Vec<u8>, String> {
+    use crate::codec::{Encoder, json_schema, protobuf};
+    let registry = pipeline.registry();
+    let text = value.to_string();
+    let doc = crate::codec::json::Doc::parse(text.as_bytes())?;
+    let encoder: Box<dyn Encoder> = if codec == Codec::Protobuf {
+        let (proto, imports) = match (&input.schema, &input.schema_file) {
+            (Some(Json::String(text)), None) => (text.clone(), Vec::new()),
+            (None, Some(file)) => {
+                protobuf::read_with_imports(&crate::topology::schemas::resolve(dir, file))?
+            }
+            _ => {
+                return Err(
+                    "a Protobuf input record needs the `.proto` it is written with: \
+                            `schema_file`, or `schema` as text"
+                        .into(),
+                );
+            }
+        };
+        let (registered, message) = protobuf::registered(proto, imports, input.message.as_deref())?;
+        let id = registry.register_schema("cases", &registered, true)?;
+        Box::new(protobuf::ProtobufEncoder::new(id, "cases".into(), message))
+    } else {
+        let schema = crate::topology::SchemaSource {
+            schema: input.schema.clone(),
+            schema_file: input.schema_file.clone(),
+        }
+        .json(dir)?
+        .unwrap_or_else(|| Json::Object(Default::default()));
+        let compiled = json_schema::Compiled::new(&schema)?;
+        let id = registry.register_schema("cases", &compiled.registered, true)?;
+        Box::new(json_schema::JsonSchemaEncoder::new(
+            id,
+            "cases".into(),
+            std::sync::Arc::new(compiled),
+        ))
+    };
+    encoder
+        .encode(&Value::Json(Some(doc)), text.len())
+        .map_err(|e| e.message)?
+        .ok_or_else(|| "the value is empty".into())
 }
 
 /// What `output` received against what it should have, record by record.

@@ -69,14 +69,14 @@ pub fn check_broker(
     out
 }
 
-/// The schema registry of a topology with Avro: it answers, and each Avro output's schema
-/// is compatible with its subject (or, with `auto_register: false`, registered there).
-/// Asks only: nothing is registered.
+/// The schema registry of a topology with Avro, Protobuf or JSON Schema: it answers, and
+/// each output's schema is compatible with its subject (or, with `auto_register: false`,
+/// registered there). Asks only: nothing is registered.
 fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
     let Some(config) = &topology.schema_registry else {
         return Vec::new();
     };
-    let registry = match crate::codec::avro::Registry::connect(config) {
+    let registry = match crate::codec::Registry::connect(config) {
         Ok(r) => r,
         Err(e) => return vec![at.diag("schema_registry.url", e)],
     };
@@ -84,53 +84,40 @@ fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
         return vec![at.diag("schema_registry.url", e)];
     }
     let mut out = Vec::new();
-    for (o, output) in topology.outputs.iter().enumerate() {
+    for o in 0..topology.outputs.len() {
         for key in [false, true] {
-            let (codec, config, field) = if key {
-                (
-                    output.key_codec.unwrap_or_default(),
-                    &output.key_avro,
-                    "key_avro",
-                )
-            } else {
-                (topology.output_codec(o), &output.avro, "avro")
-            };
-            if codec != crate::topology::Codec::Avro {
-                continue;
-            }
-            let here = format!("outputs[{o}].{field}");
-            // A schema that does not parse is reported by the checks of the file already.
-            let Ok((subject, given)) = crate::codec::avro_subject(topology, o, key) else {
+            // A schema that does not compile is reported by the checks of the file already.
+            let Some(Ok(schema)) = crate::codec::output_schema(topology, o, key) else {
                 continue;
             };
-            let auto_register = config.as_ref().is_none_or(|a| a.auto_register);
-            if let Some(problem) = subject_problem(&registry, &subject, &given, auto_register) {
-                out.push(at.diag(&here, problem));
+            if let Some(problem) = subject_problem(&registry, &schema) {
+                out.push(at.diag(&format!("outputs[{o}].{}", schema.field), problem));
             }
         }
     }
     out
 }
 
-/// What is wrong with writing `given` under `subject`, if anything.
+/// What is wrong with writing `schema` under its subject, if anything.
 fn subject_problem(
-    registry: &crate::codec::avro::Registry,
-    subject: &str,
-    given: &crate::codec::avro::Given,
-    auto_register: bool,
+    registry: &crate::codec::Registry,
+    schema: &crate::codec::OutputSchema,
 ) -> Option<String> {
-    let verdict = if auto_register {
-        registry.is_compatible(subject, &given.schema).map(|ok| {
-            (!ok).then(|| {
-                format!(
-                    "the schema is not compatible with subject `{subject}` of {} (the registry would refuse it)",
-                    registry.url()
-                )
+    let subject = &schema.subject;
+    let verdict = if schema.auto_register {
+        registry
+            .is_compatible_schema(subject, &schema.registered)
+            .map(|ok| {
+                (!ok).then(|| {
+                    format!(
+                        "the schema is not compatible with subject `{subject}` of {} (the registry would refuse it)",
+                        registry.url()
+                    )
+                })
             })
-        })
     } else {
         registry
-            .lookup(subject, &given.schema)
+            .lookup_schema(subject, &schema.registered)
             .map(|found| found.err())
     };
     verdict.unwrap_or_else(Some)

@@ -87,7 +87,7 @@ pub fn run(command: DlqCommand) -> anyhow::Result<bool> {
         } => {
             let registry = match schema_registry {
                 Some(url) => Some(
-                    crate::codec::avro::Registry::connect(&crate::topology::SchemaRegistry {
+                    crate::codec::Registry::connect(&crate::topology::SchemaRegistry {
                         url,
                         username: registry_user,
                         password: registry_password,

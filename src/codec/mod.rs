@@ -8,21 +8,29 @@
 //! * [`raw`]: bytes as they are.
 //! * [`json`]: a lazily decoded JSON document ([`json::Doc`]), validated in one pass by
 //!   [`json::scan`], its fields decoded only when something needs them.
-//! * [`avro`]: Avro in the Confluent wire format, decoded to the same document as JSON; its
-//!   schemas come from a registry, looked up once per schema id and cached ([`Codecs`] sets
-//!   them up when the job starts).
+//! * [`avro`], [`protobuf`], [`json_schema`]: the schema registry's three formats in the
+//!   Confluent wire format, decoded to the same document as JSON; their schemas come from the
+//!   [`registry`], looked up once per schema id and cached ([`Codecs`] sets up the outputs'
+//!   when the job starts).
 
 pub mod avro;
 pub mod json;
+pub mod json_schema;
+pub mod protobuf;
 pub mod raw;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::record::ErrorKind;
 use crate::topology::{Codec, ConfigIssue, Target, Topology};
-use avro::{AvroDecoder, AvroEncoder, Given, Registry};
+use avro::{AvroDecoder, AvroEncoder, Given};
 use json::Doc;
+use json_schema::{JsonSchemaDecoder, JsonSchemaEncoder};
+use protobuf::{ProtobufDecoder, ProtobufEncoder};
+pub use registry::Registry;
+use registry::{Reference, Registered};
 
 /// A record's value while it goes through the pipeline, borrowing the consumed bytes.
 #[derive(Debug, Clone)]
@@ -98,7 +106,7 @@ impl Codecs {
         })
     }
 
-    /// The codecs of `topology` with its registry: each Avro output's schema registered (or
+    /// The codecs of `topology` with its registry: each output's schema registered (or
     /// looked up) under its subject. The only registry calls besides the first look-up of
     /// each schema id.
     pub fn connect(topology: &Topology) -> Result<Codecs, SetupError> {
@@ -132,6 +140,7 @@ impl Codecs {
                     };
                     Box::new(AvroDecoder::new(Arc::clone(&registry), reader))
                 }
+                other => decoder_for(other, &registry),
             };
             decoders.insert(input.source_name(), decoder);
         }
@@ -139,8 +148,7 @@ impl Codecs {
         for input in &topology.inputs {
             let decoder: Box<dyn Decoder> = match input.key_codec {
                 Codec::Raw => continue,
-                Codec::Json => Box::new(json::Json),
-                Codec::Avro => Box::new(AvroDecoder::new(Arc::clone(&registry), None)),
+                other => decoder_for(other, &registry),
             };
             key_decoders.insert(input.source_name(), decoder);
         }
@@ -151,17 +159,10 @@ impl Codecs {
             let key_encoder: Option<Box<dyn Encoder>> = match output.key_codec {
                 None | Some(Codec::Raw) => None,
                 Some(Codec::Json) => Some(Box::new(json::Json)),
-                Some(Codec::Avro) => match avro_output(topology, o, true, &registry) {
-                    Ok(e) => Some(Box::new(e)),
-                    Err(Fault::Config(message)) => {
-                        issues.push(ConfigIssue {
-                            path: format!("outputs[{o}].key_avro"),
-                            message,
-                        });
-                        None
-                    }
-                    Err(Fault::Registry(message)) => {
-                        refused.push(format!("outputs[{o}] ({}) key: {message}", output.name()));
+                Some(_) => match output_encoder(topology, o, true, &registry) {
+                    Ok(e) => Some(e),
+                    Err(fault) => {
+                        fault.file(o, output.name(), " key", &mut issues, &mut refused);
                         None
                     }
                 },
@@ -170,17 +171,10 @@ impl Codecs {
             let encoder: Box<dyn Encoder> = match topology.output_codec(o) {
                 Codec::Raw => Box::new(raw::Raw),
                 Codec::Json => Box::new(json::Json),
-                Codec::Avro => match avro_output(topology, o, false, &registry) {
-                    Ok(e) => Box::new(e),
-                    Err(Fault::Config(message)) => {
-                        issues.push(ConfigIssue {
-                            path: format!("outputs[{o}].avro"),
-                            message,
-                        });
-                        Box::new(raw::Raw)
-                    }
-                    Err(Fault::Registry(message)) => {
-                        refused.push(format!("outputs[{o}] ({}): {message}", output.name()));
+                _ => match output_encoder(topology, o, false, &registry) {
+                    Ok(e) => e,
+                    Err(fault) => {
+                        fault.file(o, output.name(), "", &mut issues, &mut refused);
                         Box::new(raw::Raw)
                     }
                 },
@@ -203,9 +197,161 @@ impl Codecs {
     }
 }
 
+/// The decoder of `codec` (for the registry's formats: with no reader schema).
+pub fn decoder_for(codec: Codec, registry: &Arc<Registry>) -> Box<dyn Decoder> {
+    match codec {
+        Codec::Raw => Box::new(raw::Raw),
+        Codec::Json => Box::new(json::Json),
+        Codec::Avro => Box::new(AvroDecoder::new(Arc::clone(registry), None)),
+        Codec::Protobuf => Box::new(ProtobufDecoder::new(Arc::clone(registry))),
+        Codec::JsonSchema => Box::new(JsonSchemaDecoder::new(Arc::clone(registry))),
+    }
+}
+
 enum Fault {
-    Config(String),
+    /// A problem of the topology's settings at `path`.
+    Config(String, String),
     Registry(String),
+}
+
+impl Fault {
+    /// Files the fault of output `o` (named `name`; `what` says which of its schemas).
+    fn file(
+        self,
+        o: usize,
+        name: &str,
+        what: &str,
+        issues: &mut Vec<ConfigIssue>,
+        refused: &mut Vec<String>,
+    ) {
+        match self {
+            Fault::Config(path, message) => issues.push(ConfigIssue { path, message }),
+            Fault::Registry(message) => {
+                refused.push(format!("outputs[{o}] ({name}){what}: {message}"))
+            }
+        }
+    }
+}
+
+/// The schema an output writes with, compiled for its codec.
+pub enum Compiled {
+    Avro(Arc<Given>),
+    Protobuf(prost_reflect::MessageDescriptor),
+    JsonSchema(Arc<json_schema::Compiled>),
+}
+
+/// An output's schema (of its keys when `key`): where it is in the file, its subject, what
+/// the registry is given, and the schema compiled.
+pub struct OutputSchema {
+    /// The field of the output that gives it (`avro`, `key_avro`, `protobuf`, `json_schema`).
+    pub field: &'static str,
+    pub subject: String,
+    pub registered: Registered,
+    pub compiled: Compiled,
+    pub auto_register: bool,
+}
+
+/// The schema of output `o` (of its keys when `key`), if its codec has one: `Err((field,
+/// problem))` when it cannot be read or compiled.
+pub fn output_schema(
+    topology: &Topology,
+    o: usize,
+    key: bool,
+) -> Option<Result<OutputSchema, (&'static str, String)>> {
+    let output = &topology.outputs[o];
+    let codec = if key {
+        output.key_codec.unwrap_or_default()
+    } else {
+        topology.output_codec(o)
+    };
+    let dir = topology.dir.as_deref();
+    let topic = match output.target() {
+        Some(Target::Topic(t)) => t,
+        _ => "",
+    };
+    let (field, made) = match (codec, key) {
+        (Codec::Avro, _) => {
+            let field = if key { "key_avro" } else { "avro" };
+            let config = if key { &output.key_avro } else { &output.avro };
+            let auto_register = config.as_ref().is_none_or(|a| a.auto_register);
+            let made = avro_subject(topology, o, key).map(|(subject, given)| OutputSchema {
+                field,
+                subject,
+                registered: Registered::new(
+                    registry::Format::Avro,
+                    registry::schema_text(&given.schema),
+                ),
+                compiled: Compiled::Avro(Arc::new(given)),
+                auto_register,
+            });
+            (field, made)
+        }
+        (Codec::Protobuf, false) => ("protobuf", protobuf_schema(output, topic, dir)),
+        (Codec::JsonSchema, false) => ("json_schema", json_schema_schema(output, topic, dir)),
+        _ => return None,
+    };
+    Some(made.map_err(|e| (field, e)))
+}
+
+fn protobuf_schema(
+    output: &crate::topology::Output,
+    topic: &str,
+    dir: Option<&std::path::Path>,
+) -> Result<OutputSchema, String> {
+    let config = output
+        .protobuf
+        .as_ref()
+        .ok_or("a Protobuf output needs its schema")?;
+    let (text, mut imports) = match &config.schema_file {
+        Some(file) if config.schema.is_none() => {
+            protobuf::read_with_imports(&crate::topology::schemas::resolve(dir, file))?
+        }
+        _ => (config.text(dir)?, Vec::new()),
+    };
+    for (name, file) in &config.imports {
+        imports.retain(|r| &r.name != name);
+        imports.push(Reference {
+            name: name.clone(),
+            subject: name.clone(),
+            text: crate::topology::schemas::read_text(dir, file)?,
+        });
+    }
+    let (registered, message) = protobuf::registered(text, imports, config.message.as_deref())?;
+    let subject = config
+        .subject_strategy
+        .subject(topic, Some(message.full_name()), false)?;
+    Ok(OutputSchema {
+        field: "protobuf",
+        subject,
+        registered,
+        compiled: Compiled::Protobuf(message),
+        auto_register: config.auto_register,
+    })
+}
+
+fn json_schema_schema(
+    output: &crate::topology::Output,
+    topic: &str,
+    dir: Option<&std::path::Path>,
+) -> Result<OutputSchema, String> {
+    let config = output
+        .json_schema
+        .as_ref()
+        .ok_or("a JSON Schema output needs its schema")?;
+    let schema = config.json(dir)?;
+    let compiled = json_schema::Compiled::new(&schema)?;
+    let title = crate::topology::JsonSchemaOutput::title(&schema);
+    let subject = config
+        .subject_strategy
+        .subject(topic, title, false)
+        .map_err(|e| format!("{e} (a JSON Schema's record name is its `title`)"))?;
+    Ok(OutputSchema {
+        field: "json_schema",
+        subject,
+        registered: compiled.registered.clone(),
+        compiled: Compiled::JsonSchema(Arc::new(compiled)),
+        auto_register: config.auto_register,
+    })
 }
 
 /// The subject of Avro output `o` (of its keys when `key`), and its parsed schema.
@@ -228,18 +374,26 @@ pub fn avro_subject(topology: &Topology, o: usize, key: bool) -> Result<(String,
     Ok((subject, given))
 }
 
-fn avro_output(
+/// The encoder of output `o` (of its keys when `key`), its schema registered (or looked up).
+fn output_encoder(
     topology: &Topology,
     o: usize,
     key: bool,
     registry: &Registry,
-) -> Result<AvroEncoder, Fault> {
-    let (subject, given) = avro_subject(topology, o, key).map_err(Fault::Config)?;
-    let output = &topology.outputs[o];
-    let config = if key { &output.key_avro } else { &output.avro };
-    let auto_register = config.as_ref().is_none_or(|a| a.auto_register);
+) -> Result<Box<dyn Encoder>, Fault> {
+    let schema = match output_schema(topology, o, key) {
+        Some(Ok(s)) => s,
+        Some(Err((field, message))) => {
+            return Err(Fault::Config(format!("outputs[{o}].{field}"), message));
+        }
+        None => return Err(Fault::Config(format!("outputs[{o}]"), "no schema".into())),
+    };
     let id = registry
-        .register(&subject, &given.schema, auto_register)
+        .register_schema(&schema.subject, &schema.registered, schema.auto_register)
         .map_err(Fault::Registry)?;
-    Ok(AvroEncoder::new(id, subject, Arc::new(given)))
+    Ok(match schema.compiled {
+        Compiled::Avro(given) => Box::new(AvroEncoder::new(id, schema.subject, given)),
+        Compiled::Protobuf(message) => Box::new(ProtobufEncoder::new(id, schema.subject, message)),
+        Compiled::JsonSchema(c) => Box::new(JsonSchemaEncoder::new(id, schema.subject, c)),
+    })
 }

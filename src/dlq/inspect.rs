@@ -4,10 +4,11 @@ use super::{DeadLetter, DlqError, Filter};
 use super::{H_FAILED_AT, H_KIND, H_MESSAGE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC};
 use std::sync::Arc;
 
-use crate::codec::avro::{AvroDecoder, Registry};
-use crate::codec::{Decoder, Value};
+use crate::codec::registry::{Format, Lookup};
+use crate::codec::{Decoder, Registry, Value};
 use crate::kafka::Cluster;
 use crate::kafka::read::{read_to_end, reader};
+use crate::topology::Codec;
 
 fn shorten(bytes: Option<&[u8]>, max: usize) -> String {
     match bytes {
@@ -26,26 +27,63 @@ fn shorten(bytes: Option<&[u8]>, max: usize) -> String {
     }
 }
 
-/// A payload as shown: Avro (the Confluent wire format) decoded with `registry` when one is
-/// given, as `avro#<id> <document>`, or why it does not decode; anything else as text.
-fn payload(value: Option<&[u8]>, avro: Option<&AvroDecoder>, max: usize) -> String {
-    let (Some(bytes), Some(decoder)) = (value, avro) else {
-        return shorten(value, max);
-    };
-    let Ok((id, _)) = crate::codec::avro::split_header(bytes) else {
-        return shorten(value, max);
-    };
-    match decoder.decode(Some(bytes)) {
-        Ok(Value::Json(Some(doc))) => {
-            shorten(Some(format!("avro#{id} {}", doc.to_json()).as_bytes()), max)
+/// The decoders of payloads in the Confluent wire format, one per format, and the registry
+/// that says which format an id is.
+struct Framed {
+    registry: Arc<Registry>,
+    decoders: [(Format, Box<dyn Decoder>); 3],
+}
+
+impl Framed {
+    fn new(registry: Arc<Registry>) -> Framed {
+        let decoder = |codec| crate::codec::decoder_for(codec, &registry);
+        Framed {
+            decoders: [
+                (Format::Avro, decoder(Codec::Avro)),
+                (Format::Protobuf, decoder(Codec::Protobuf)),
+                (Format::JsonSchema, decoder(Codec::JsonSchema)),
+            ],
+            registry,
         }
-        Ok(_) => shorten(value, max),
-        Err(e) => shorten(Some(format!("avro#{id} ({e})").as_bytes()), max),
     }
 }
 
-/// Prints the dead-letter records of `topic` as a table; with a `registry`, Avro payloads
-/// decoded.
+/// A payload as shown: in the Confluent wire format, decoded with the registry when one is
+/// given, as `<format>#<id> <document>` (`avro`, `protobuf`, `json`), or why it does not
+/// decode; anything else as text.
+fn payload(value: Option<&[u8]>, framed: Option<&Framed>, max: usize) -> String {
+    let (Some(bytes), Some(framed)) = (value, framed) else {
+        return shorten(value, max);
+    };
+    let Ok((id, _)) = crate::codec::registry::split_header(bytes) else {
+        return shorten(value, max);
+    };
+    let format = match framed.registry.registered(id) {
+        Ok(s) => s.format,
+        Err(Lookup::Unknown(e) | Lookup::Unavailable(e)) => {
+            return shorten(Some(format!("#{id} ({e})").as_bytes()), max);
+        }
+    };
+    let label = match format {
+        Format::Avro => "avro",
+        Format::Protobuf => "protobuf",
+        Format::JsonSchema => "json",
+    };
+    let Some((_, decoder)) = framed.decoders.iter().find(|(f, _)| *f == format) else {
+        return shorten(value, max);
+    };
+    match decoder.decode(Some(bytes)) {
+        Ok(Value::Json(Some(doc))) => shorten(
+            Some(format!("{label}#{id} {}", doc.to_json()).as_bytes()),
+            max,
+        ),
+        Ok(_) => shorten(value, max),
+        Err(e) => shorten(Some(format!("{label}#{id} ({e})").as_bytes()), max),
+    }
+}
+
+/// Prints the dead-letter records of `topic` as a table; with a `registry`, payloads in the
+/// Confluent wire format decoded.
 pub fn inspect(
     kafka: &Cluster,
     topic: &str,
@@ -54,7 +92,7 @@ pub fn inspect(
     registry: Option<Arc<Registry>>,
     out: &mut dyn std::io::Write,
 ) -> Result<usize, DlqError> {
-    let avro = registry.map(|r| AvroDecoder::new(r, None));
+    let framed = registry.map(Framed::new);
     // A throwaway group: inspecting never moves anybody's offsets.
     let group = format!("onceflow.inspect.{}", std::process::id());
     let consumer = reader(kafka, &group)?;
@@ -82,7 +120,7 @@ pub fn inspect(
                 ),
                 shorten(Some(d.meta(H_STAGE).as_bytes()), 16),
                 shorten(Some(d.meta(H_MESSAGE).as_bytes()), 40),
-                payload(d.value.as_deref(), avro.as_ref(), 60),
+                payload(d.value.as_deref(), framed.as_ref(), 60),
             )?;
         }
         Ok(())
@@ -103,28 +141,43 @@ mod tests {
     }
 
     #[test]
-    fn avro_payloads_are_shown_decoded_with_the_registry() {
+    fn framed_payloads_are_shown_decoded_with_the_registry_by_their_format() {
         let registry = Registry::offline();
         let schema = apache_avro::Schema::parse_str(
             r#"{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}"#,
         )
         .unwrap();
         registry.add(4, schema).unwrap();
-        let decoder = AvroDecoder::new(Arc::new(registry), None);
-        let framed = crate::codec::avro::frame(4, &[0x54]); // id 42
+        registry.add_registered(
+            6,
+            crate::codec::registry::Registered::new(
+                Format::Protobuf,
+                "syntax = \"proto3\"; message M { int64 id = 1; }",
+            ),
+        );
+        registry.add_registered(
+            7,
+            crate::codec::registry::Registered::new(Format::JsonSchema, "{}"),
+        );
+        let framed = Framed::new(Arc::new(registry));
+        let frame = crate::codec::registry::frame;
         assert_eq!(
-            payload(Some(&framed), Some(&decoder), 60),
+            payload(Some(&frame(4, &[0x54])), Some(&framed), 60), // id 42
             r#"avro#4 {"id":42}"#
         );
-        let unknown = crate::codec::avro::frame(5, &[0x54]);
         assert_eq!(
-            payload(Some(&unknown), Some(&decoder), 60),
-            "avro#5 (schema id 5 is not known)"
+            payload(Some(&frame(6, &[0, 0x08, 42])), Some(&framed), 60),
+            r#"protobuf#6 {"id":42}"#
         );
         assert_eq!(
-            payload(Some(b"{\"a\":1}"), Some(&decoder), 60),
-            r#"{"a":1}"#
+            payload(Some(&frame(7, br#"{"id":42}"#)), Some(&framed), 60),
+            r#"json#7 {"id":42}"#
         );
+        assert_eq!(
+            payload(Some(&frame(5, &[0x54])), Some(&framed), 60),
+            "#5 (schema id 5 is not known)"
+        );
+        assert_eq!(payload(Some(b"{\"a\":1}"), Some(&framed), 60), r#"{"a":1}"#);
         // Without a registry, bytes as text.
         assert_eq!(payload(Some(b"abc"), None, 60), "abc");
     }

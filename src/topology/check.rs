@@ -36,12 +36,12 @@ impl Topology {
         issues
     }
 
-    /// Avro inputs and outputs, and their registry. The schemas themselves are parsed when
-    /// the pipeline is compiled ([`crate::codec::avro`]).
+    /// Avro, Protobuf and JSON Schema inputs and outputs, and their registry. The schemas
+    /// themselves are parsed when the pipeline is compiled ([`crate::codec`]).
     fn validate_avro(&self, issue: &mut dyn FnMut(String, &str)) {
-        let mut uses_avro = false;
+        let mut uses_registry = false;
         for (i, input) in self.inputs.iter().enumerate() {
-            uses_avro |= input.codec == Codec::Avro || input.key_codec == Codec::Avro;
+            uses_registry |= input.codec.uses_registry() || input.key_codec.uses_registry();
             if input.avro.is_some() && input.codec != Codec::Avro {
                 issue(
                     format!("inputs[{i}].avro"),
@@ -59,37 +59,7 @@ impl Topology {
             }
         }
         for (o, output) in self.outputs.iter().enumerate() {
-            for (codec, settings, field, codec_field) in [
-                (output.codec, &output.avro, "avro", "codec"),
-                (output.key_codec, &output.key_avro, "key_avro", "key_codec"),
-            ] {
-                let avro = codec == Some(Codec::Avro);
-                uses_avro |= avro;
-                let at = format!("outputs[{o}].{field}");
-                match (settings, avro) {
-                    (Some(_), false) => {
-                        issue(at, &format!("is for `{codec_field}: avro` outputs only"))
-                    }
-                    (None, true) => issue(
-                        at,
-                        &format!(
-                            "Avro needs its schema: `{field}: {{schema: ...}}` or `{field}: {{schema_file: ...}}`"
-                        ),
-                    ),
-                    (Some(a), true) => {
-                        if a.schema.is_some() == a.schema_file.is_some() {
-                            issue(at, "needs exactly one of `schema` and `schema_file`");
-                        }
-                        if output.topic.is_none() {
-                            issue(
-                                format!("outputs[{o}].{codec_field}"),
-                                "`avro` is for Kafka topic outputs",
-                            );
-                        }
-                    }
-                    (None, false) => {}
-                }
-            }
+            uses_registry |= self.validate_output_schemas(o, output, issue);
         }
         match &self.schema_registry {
             Some(r) => {
@@ -99,12 +69,108 @@ impl Topology {
                     issue(i.path, &i.message);
                 }
             }
-            None if uses_avro => issue(
+            None if uses_registry => issue(
                 "schema_registry".into(),
-                "Avro inputs and outputs need a schema registry: `schema_registry: {url: ...}`",
+                "Avro, Protobuf and JSON Schema inputs and outputs need a schema registry: \
+                 `schema_registry: {url: ...}`",
             ),
             None => {}
         }
+    }
+
+    /// The schema settings of output `o`; whether it uses the registry.
+    fn validate_output_schemas(
+        &self,
+        o: usize,
+        output: &super::Output,
+        issue: &mut dyn FnMut(String, &str),
+    ) -> bool {
+        let mut uses_registry = false;
+        for (codec, settings, field, codec_field, wanted) in [
+            (
+                output.codec,
+                output.avro.is_some(),
+                "avro",
+                "codec",
+                Codec::Avro,
+            ),
+            (
+                output.key_codec,
+                output.key_avro.is_some(),
+                "key_avro",
+                "key_codec",
+                Codec::Avro,
+            ),
+            (
+                output.codec,
+                output.protobuf.is_some(),
+                "protobuf",
+                "codec",
+                Codec::Protobuf,
+            ),
+            (
+                output.codec,
+                output.json_schema.is_some(),
+                "json_schema",
+                "codec",
+                Codec::JsonSchema,
+            ),
+        ] {
+            let on = codec == Some(wanted);
+            uses_registry |= on;
+            let at = format!("outputs[{o}].{field}");
+            let name = wanted.name();
+            match (settings, on) {
+                (true, false) => issue(at, &format!("is for `{codec_field}: {name}` outputs only")),
+                (false, true) => issue(
+                    at,
+                    &format!(
+                        "`{name}` needs its schema: `{field}: {{schema: ...}}` or `{field}: {{schema_file: ...}}`"
+                    ),
+                ),
+                (true, true) if output.topic.is_none() => issue(
+                    format!("outputs[{o}].{codec_field}"),
+                    &format!("`{name}` is for Kafka topic outputs"),
+                ),
+                _ => {}
+            }
+        }
+        let sources = [
+            output
+                .avro
+                .as_ref()
+                .map(|a| (a.schema.is_some(), a.schema_file.is_some(), "avro")),
+            output
+                .key_avro
+                .as_ref()
+                .map(|a| (a.schema.is_some(), a.schema_file.is_some(), "key_avro")),
+            output
+                .protobuf
+                .as_ref()
+                .map(|p| (p.schema.is_some(), p.schema_file.is_some(), "protobuf")),
+            output
+                .json_schema
+                .as_ref()
+                .map(|j| (j.schema.is_some(), j.schema_file.is_some(), "json_schema")),
+        ];
+        for (schema, file, field) in sources.into_iter().flatten() {
+            if schema == file {
+                issue(
+                    format!("outputs[{o}].{field}"),
+                    "needs exactly one of `schema` and `schema_file`",
+                );
+            }
+        }
+        if let Some(k @ (Codec::Protobuf | Codec::JsonSchema)) = output.key_codec {
+            issue(
+                format!("outputs[{o}].key_codec"),
+                &format!(
+                    "`{}` is for values; keys are written `raw`, `json` or `avro`",
+                    k.name()
+                ),
+            );
+        }
+        uses_registry
     }
 
     /// The job's name.

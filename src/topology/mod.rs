@@ -43,10 +43,12 @@ pub mod avro;
 pub mod http;
 pub mod outbox;
 pub mod postgres;
+pub mod schemas;
 pub use avro::{AvroInput, AvroOutput, SchemaRegistry, SchemaSource, SubjectStrategy};
 pub use http::HttpOutput;
 pub use outbox::OutboxInput;
 pub use postgres::PostgresOutput;
+pub use schemas::{JsonSchemaOutput, ProtobufOutput};
 
 impl Topology {
     /// The producer's `message.max.bytes`: a larger record fails at send, for good.
@@ -105,7 +107,7 @@ pub struct Topology {
     /// Where records the pipeline fails on go (with `runtime.on_error: dead_letter`).
     #[serde(default)]
     pub dead_letter: DeadLetter,
-    /// The schema registry of Avro inputs and outputs.
+    /// The schema registry of Avro, Protobuf and JSON Schema inputs and outputs.
     #[serde(default)]
     pub schema_registry: Option<SchemaRegistry>,
     /// The directory of the topology file (set by [`crate::load::load`]): files the topology
@@ -206,6 +208,12 @@ pub enum Codec {
     /// Avro in the Confluent wire format, with a schema registry (`schema_registry`): decoded
     /// to the same document as JSON.
     Avro,
+    /// Protobuf in the Confluent wire format, with a schema registry: decoded to the same
+    /// document as JSON (protobuf's JSON mapping).
+    Protobuf,
+    /// JSON in the Confluent wire format, checked against a JSON Schema from the registry on
+    /// output.
+    JsonSchema,
 }
 
 impl Codec {
@@ -215,7 +223,19 @@ impl Codec {
             Codec::Raw => "raw",
             Codec::Json => "json",
             Codec::Avro => "avro",
+            Codec::Protobuf => "protobuf",
+            Codec::JsonSchema => "json_schema",
         }
+    }
+
+    /// Whether values are documents (JSON and the registry's formats).
+    pub fn is_document(self) -> bool {
+        !matches!(self, Codec::Raw)
+    }
+
+    /// Whether values are in the Confluent wire format, with a schema registry.
+    pub fn uses_registry(self) -> bool {
+        matches!(self, Codec::Avro | Codec::Protobuf | Codec::JsonSchema)
     }
 }
 
@@ -237,13 +257,19 @@ pub struct Output {
     /// [`HttpOutput`]). An `http` output needs a `name`.
     #[serde(default)]
     pub http: Option<HttpOutput>,
-    /// How values are written. Default: `json` when every input is a document (JSON or
-    /// Avro), `raw` otherwise.
+    /// How values are written. Default: `json` when every input is a document (any codec
+    /// but `raw`), `raw` otherwise.
     #[serde(default)]
     pub codec: Option<Codec>,
     /// The schema and subject of an `avro` output.
     #[serde(default)]
     pub avro: Option<AvroOutput>,
+    /// The schema, message and subject of a `protobuf` output.
+    #[serde(default)]
+    pub protobuf: Option<ProtobufOutput>,
+    /// The schema and subject of a `json_schema` output.
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaOutput>,
     /// How keys are written: `raw` (default: the key bytes), `json` or `avro` (with
     /// `key_avro`'s schema, subject `<topic>-key`). With `json` or `avro` the key is a value:
     /// the output's `key` expression's, else the input's decoded key (its `key_codec`), else
@@ -402,13 +428,9 @@ impl Topology {
         self.inputs.iter().find_map(|i| i.postgres_outbox.as_ref())
     }
 
-    /// Whether every input is decoded to a document (JSON or Avro).
+    /// Whether every input is decoded to a document (JSON, Avro, Protobuf, JSON Schema).
     pub fn document_inputs(&self) -> bool {
-        !self.inputs.is_empty()
-            && self
-                .inputs
-                .iter()
-                .all(|i| matches!(i.codec, Codec::Json | Codec::Avro))
+        !self.inputs.is_empty() && self.inputs.iter().all(|i| i.codec.is_document())
     }
 
     /// The codec output `index` writes with: its own, or `json` when every input is a

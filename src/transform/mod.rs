@@ -169,7 +169,7 @@ pub struct Pipeline {
     /// Key decoders by topic (of the inputs whose `key_codec` is not `raw`).
     key_decoders: Vec<(String, Box<dyn Decoder>)>,
     /// The schema registry of the Avro codecs (offline unless the job's).
-    registry: std::sync::Arc<crate::codec::avro::Registry>,
+    registry: std::sync::Arc<crate::codec::Registry>,
     steps: Vec<(Step, &'static str)>,
     route: Option<Route>,
     outputs: Vec<OutputSpec>,
@@ -234,7 +234,7 @@ impl Pipeline {
 
     /// The schema registry its Avro codecs use: offline (schemas added by hand, output
     /// schemas with local ids) unless compiled with a job's codecs.
-    pub fn registry(&self) -> &std::sync::Arc<crate::codec::avro::Registry> {
+    pub fn registry(&self) -> &std::sync::Arc<crate::codec::Registry> {
         &self.registry
     }
 

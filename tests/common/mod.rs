@@ -856,3 +856,64 @@ pub fn freeze_replace_wake(
     );
     replacement
 }
+
+/// Writes `(key, value)` records of bytes in order, idempotently.
+pub fn produce_bytes(topic: &str, values: impl IntoIterator<Item = (String, Vec<u8>)>) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for (key, value) in values {
+        loop {
+            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
+                Ok(()) => break,
+                Err((e, _)) if e.to_string().contains("Queue full") => {
+                    producer.poll(Duration::from_millis(50));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// Each id of `expected` seen once in `got` (id to how often it was seen), and nothing else.
+pub fn assert_each_once(what: &str, expected: &BTreeSet<u64>, got: &BTreeMap<u64, usize>) {
+    let duplicated: Vec<_> = got.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    let seen: BTreeSet<u64> = got.keys().copied().collect();
+    let missing: Vec<_> = expected.difference(&seen).take(10).collect();
+    let unexpected: Vec<_> = seen.difference(expected).take(10).collect();
+    assert!(
+        duplicated.is_empty() && missing.is_empty() && unexpected.is_empty(),
+        "{what}: {} expected, {} seen; duplicated {duplicated:?}; missing {missing:?}; unexpected {unexpected:?}",
+        expected.len(),
+        seen.len()
+    );
+}
+
+/// Committed records (markers left out) of `topic` once at least `expected`, or the timeout.
+pub fn wait_for_committed(
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    timeout: Duration,
+) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut seen = 0;
+    while Instant::now() < deadline {
+        seen = committed_count(topic, partitions);
+        if seen >= expected {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    seen
+}
+
+/// How many committed records (markers left out) `topic` has.
+pub fn committed_count(topic: &str, partitions: i32) -> usize {
+    read_records(topic, partitions, "read_committed").len()
+}

@@ -6,7 +6,7 @@
 //! and write JSON or the other way round; [`read`] gives the mapping of each Avro type.
 //!
 //! * Decoding: the writer's schema by the id in the value (fetched once per id, then cached:
-//!   [`registry`]); with a reader schema named in the topology, the datum is resolved to it by
+//!   [`crate::codec::registry`]); with a reader schema named in the topology, the datum is resolved to it by
 //!   Avro's rules (apache-avro's resolution: added fields take their defaults, removed fields
 //!   are skipped, `int` is promoted to `long`, `float`, `double`, ...).
 //! * Encoding: with the output's schema, registered (or looked up) under its subject when the
@@ -20,7 +20,6 @@
 //! holds this reader to.
 
 pub mod read;
-pub mod registry;
 pub mod schema;
 pub mod write;
 
@@ -33,42 +32,17 @@ use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::writer::datum::GenericDatumWriter;
 
 use super::json::Doc;
+use super::registry::{Format, Registered, schema_text};
+pub use super::registry::{Lookup, Registry};
 use super::{CodecError, Decoder, Encoder, Value};
 use crate::record::ErrorKind;
-pub use registry::{Lookup, Registry, Writer};
 use schema::Compiled;
 
-/// The magic byte of the Confluent wire format.
-pub const MAGIC: u8 = 0;
-/// Magic byte and schema id.
-pub const HEADER_LEN: usize = 5;
+pub use super::registry::{HEADER_LEN, MAGIC, frame};
 
 /// The schema id of a value in the Confluent wire format, and its datum.
 pub fn split_header(bytes: &[u8]) -> Result<(u32, &[u8]), CodecError> {
-    if bytes.len() < HEADER_LEN {
-        return Err(bad_avro(format!(
-            "the value is {} byte(s) long, shorter than the 5-byte header of the Confluent wire \
-             format (magic byte 0, schema id)",
-            bytes.len()
-        )));
-    }
-    if bytes[0] != MAGIC {
-        return Err(bad_avro(format!(
-            "the value starts with byte {:#04x}, not the magic byte 0 of the Confluent wire format",
-            bytes[0]
-        )));
-    }
-    let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
-    Ok((id, &bytes[HEADER_LEN..]))
-}
-
-/// Magic byte and schema id, then `datum`.
-pub fn frame(id: u32, datum: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + datum.len());
-    out.push(MAGIC);
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend_from_slice(datum);
-    out
+    super::registry::split_header(bytes).map_err(bad_avro)
 }
 
 fn bad_avro(message: String) -> CodecError {
@@ -92,7 +66,7 @@ impl Given {
         let schema = Schema::parse(json).map_err(|e| format!("not a valid Avro schema: {e}"))?;
         let compiled = Compiled::new(&schema)?;
         Ok(Given {
-            canonical: registry::schema_text(&schema),
+            canonical: schema_text(&schema),
             schema,
             compiled,
         })
@@ -101,6 +75,52 @@ impl Given {
     /// The name of the schema's root type (for the record name strategies).
     pub fn full_name(&self) -> Option<String> {
         self.schema.name().map(|n| n.fullname(None))
+    }
+}
+
+/// A writer schema as fetched: parsed, compiled, and its text ([`schema_text`], to tell
+/// whether it is the reader schema itself).
+#[derive(Debug)]
+pub struct Writer {
+    pub schema: Schema,
+    pub compiled: Compiled,
+    pub canonical: String,
+}
+
+impl Writer {
+    pub fn new(schema: Schema) -> Result<Writer, String> {
+        let compiled = Compiled::new(&schema)?;
+        let canonical = schema_text(&schema);
+        Ok(Writer {
+            schema,
+            compiled,
+            canonical,
+        })
+    }
+}
+
+/// The writer schema of `registered` (schema id `id`).
+fn writer(id: u32, registered: &Registered) -> Result<Writer, CodecError> {
+    Schema::parse_str(&registered.text)
+        .map_err(|e| e.to_string())
+        .and_then(Writer::new)
+        .map_err(|e| CodecError {
+            kind: ErrorKind::UnknownSchema,
+            message: format!("schema id {id} is not a valid Avro schema: {e}"),
+        })
+}
+
+/// The record error of a schema that could not be looked up.
+pub fn lookup_error(e: Lookup) -> CodecError {
+    match e {
+        Lookup::Unknown(message) => CodecError {
+            kind: ErrorKind::UnknownSchema,
+            message,
+        },
+        Lookup::Unavailable(message) => CodecError {
+            kind: ErrorKind::RegistryUnavailable,
+            message,
+        },
     }
 }
 
@@ -171,7 +191,8 @@ fn physical(schema: &Schema) -> Result<Schema, String> {
 pub struct AvroDecoder {
     registry: Arc<Registry>,
     reader: Option<Arc<Given>>,
-    plans: RwLock<HashMap<u32, Arc<Plan>>>,
+    /// The plan of each schema id met, or why it has none for good.
+    plans: RwLock<HashMap<u32, Result<Arc<Plan>, CodecError>>>,
 }
 
 impl AvroDecoder {
@@ -190,19 +211,25 @@ impl AvroDecoder {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&id)
         {
-            return Ok(Arc::clone(p));
+            return p.clone();
         }
-        let writer = self.registry.writer(id).map_err(|e| match e {
-            Lookup::Unknown(message) => CodecError {
-                kind: ErrorKind::UnknownSchema,
-                message,
-            },
-            Lookup::Unavailable(message) => CodecError {
-                kind: ErrorKind::RegistryUnavailable,
-                message,
-            },
-        })?;
-        let plan = Arc::new(match &self.reader {
+        // Not cached here: the registry remembers an unknown id for a while, and asks again
+        // for one it could not fetch.
+        let registered = self
+            .registry
+            .schema(id, Format::Avro)
+            .map_err(lookup_error)?;
+        // A schema the registry gave is the same next time: what is made of it is kept.
+        let planned = writer(id, &registered).and_then(|w| self.plan_for(id, Arc::new(w)));
+        self.plans
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, planned.clone());
+        planned
+    }
+
+    fn plan_for(&self, id: u32, writer: Arc<Writer>) -> Result<Arc<Plan>, CodecError> {
+        Ok(Arc::new(match &self.reader {
             Some(r) if r.canonical != writer.canonical => {
                 match Resolver::new(&writer.schema, &r.schema) {
                     Ok(resolver) => Plan::Resolve {
@@ -219,12 +246,7 @@ impl AvroDecoder {
                 }
             }
             _ => Plan::Direct(writer),
-        });
-        self.plans
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, Arc::clone(&plan));
-        Ok(plan)
+        }))
     }
 }
 
