@@ -38,9 +38,13 @@
 //! computed per round (paired) as the median and min-max. Under `cargo test` (no `--bench`
 //! argument) it checks every variant's output and runs one short round as a smoke test.
 
+#[path = "support/rounds.rs"]
+mod rounds;
+
+use rounds::{env_f64, load, rate, spread};
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 // The same allocator as the `onceflow` binary.
 #[global_allocator]
@@ -397,51 +401,6 @@ fn check(s: &Setup) {
         let upper = plain["customer"].as_str().expect("customer").to_uppercase();
         assert_eq!(from_avro["customer_upper"].as_str(), Some(upper.as_str()));
     }
-}
-
-/// Records per second of `pass` (one pass over the records, returning how many it did) over
-/// `secs`, after `warm` not counted.
-fn rate(pass: &mut dyn FnMut() -> usize, warm: Duration, secs: Duration) -> f64 {
-    let warm_until = Instant::now() + warm;
-    while Instant::now() < warm_until {
-        pass();
-    }
-    let started = Instant::now();
-    let mut done = 0;
-    loop {
-        done += pass();
-        let elapsed = started.elapsed();
-        if elapsed >= secs {
-            return done as f64 / elapsed.as_secs_f64();
-        }
-    }
-}
-
-/// Median and min-max of `v`.
-fn spread(v: &[f64]) -> (f64, f64, f64) {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    (median, v[0], v[n - 1])
-}
-
-fn env_f64(name: &str, default: f64) -> f64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.replace('_', "").parse().ok())
-        .unwrap_or(default)
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_string))
-        .unwrap_or_default()
 }
 
 const DECODE: usize = 0;

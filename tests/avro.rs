@@ -481,29 +481,5 @@ outputs:
 "#
     );
     let (_dir, file) = topology_file(&yaml);
-    let validate = Command::new(env!("CARGO_BIN_EXE_onceflow"))
-        .args(["validate", "--broker", &bootstrap()])
-        .arg(&file)
-        .output()
-        .expect("validate");
-    let said = String::from_utf8_lossy(&validate.stdout).to_string()
-        + &String::from_utf8_lossy(&validate.stderr);
-    assert!(!validate.status.success(), "validate passed: {said}");
-    assert!(
-        said.contains(&format!("{output}-value")) && said.contains("compatible"),
-        "{said}"
-    );
-
-    let run = Command::new(env!("CARGO_BIN_EXE_onceflow"))
-        .arg("run")
-        .arg(&file)
-        .args(["--bootstrap-servers", &bootstrap(), "--instance-id", "i0"])
-        .output()
-        .expect("run");
-    let said = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success(), "the job ran: {said}");
-    assert!(
-        said.contains(&format!("{output}-value")) && said.to_lowercase().contains("incompatible"),
-        "{said}"
-    );
+    assert_refused_at_start(&file, &format!("{output}-value"));
 }

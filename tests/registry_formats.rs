@@ -423,3 +423,37 @@ fn json_schema_from_the_reference_serializer_is_read_by_a_job() {
     }
     assert_each_once("output", &(1..=500).collect(), &got);
 }
+
+#[test]
+fn a_protobuf_output_the_registry_refuses_stops_the_job_at_start_with_its_words() {
+    let url = registry_url();
+    let name = unique("protobuf-incompatible");
+    let (input, output) = (format!("{name}.in"), format!("{name}.out"));
+    create_topics(&[&input, &output], 1);
+    // The output's subject holds a message whose `id` is an int64.
+    let registry = Registry::connect(&SchemaRegistry {
+        url: url.clone(),
+        username: None,
+        password: None,
+        timeout_ms: 5_000,
+    })
+    .expect("registry");
+    registry
+        .register_schema(
+            &format!("{output}-value"),
+            &Registered::new(
+                Format::Protobuf,
+                "syntax = \"proto3\";\nmessage Out { int64 id = 1; }\n",
+            ),
+            true,
+        )
+        .expect("register");
+    // The topology writes `id` as a string: the registry refuses the change of type.
+    let yaml = format!(
+        "name: {name}\nschema_registry: {{url: \"{url}\"}}\ninputs: [{{topic: {input}, codec: json}}]\n\
+         outputs:\n  - topic: {output}\n    codec: protobuf\n    protobuf:\n      \
+         schema: \"syntax = \\\"proto3\\\";\\nmessage Out {{ string id = 1; }}\\n\"\n"
+    );
+    let (_dir, file) = topology_file(&yaml);
+    assert_refused_at_start(&file, &format!("{output}-value"));
+}

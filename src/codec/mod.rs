@@ -97,7 +97,7 @@ impl Codecs {
     /// The codecs of `topology` without a registry server: output schemas get local ids.
     /// For checking a topology and for `onceflow test`.
     pub fn offline(topology: &Topology) -> Result<Codecs, Vec<ConfigIssue>> {
-        Codecs::build(topology, Arc::new(Registry::offline())).map_err(|e| match e {
+        Codecs::build_with(topology, Arc::new(Registry::offline())).map_err(|e| match e {
             SetupError::Config(issues) => issues,
             SetupError::Registry(message) => vec![ConfigIssue {
                 path: "schema_registry".into(),
@@ -114,10 +114,11 @@ impl Codecs {
             Some(config) => Registry::connect(config).map_err(SetupError::Registry)?,
             None => Registry::offline(),
         };
-        Codecs::build(topology, Arc::new(registry))
+        Codecs::build_with(topology, Arc::new(registry))
     }
 
-    fn build(topology: &Topology, registry: Arc<Registry>) -> Result<Codecs, SetupError> {
+    /// The codecs of `topology` with `registry` (its outputs' schemas registered there).
+    pub fn build_with(topology: &Topology, registry: Arc<Registry>) -> Result<Codecs, SetupError> {
         let dir = topology.dir.as_deref();
         let mut issues = Vec::new();
         let mut decoders: HashMap<String, Box<dyn Decoder>> = HashMap::new();

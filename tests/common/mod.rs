@@ -917,3 +917,33 @@ pub fn wait_for_committed(
 pub fn committed_count(topic: &str, partitions: i32) -> usize {
     read_records(topic, partitions, "read_committed").len()
 }
+
+/// `validate --broker` fails naming `subject` as incompatible, and `run` stops at start with
+/// the registry's words.
+pub fn assert_refused_at_start(file: &std::path::Path, subject: &str) {
+    let validate = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .args(["validate", "--broker", &bootstrap()])
+        .arg(file)
+        .output()
+        .expect("validate");
+    let said = String::from_utf8_lossy(&validate.stdout).to_string()
+        + &String::from_utf8_lossy(&validate.stderr);
+    assert!(!validate.status.success(), "validate passed: {said}");
+    assert!(
+        said.contains(subject) && said.contains("compatible"),
+        "{said}"
+    );
+
+    let run = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        .arg("run")
+        .arg(file)
+        .args(["--bootstrap-servers", &bootstrap(), "--instance-id", "i0"])
+        .output()
+        .expect("run");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "the job ran: {said}");
+    assert!(
+        said.contains(subject) && said.to_lowercase().contains("incompatible"),
+        "{said}"
+    );
+}

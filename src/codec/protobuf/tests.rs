@@ -217,7 +217,7 @@ fn a_schema_registered_as_a_serialized_descriptor_compiles_as_its_text_does() {
     use base64::Engine as _;
     // The descriptors of MONEY and ORDER, as Confluent's Python serializer registers them.
     let text = Schema::compile(ORDER, &imports()).unwrap();
-    let encode = |f: &FileDescriptor| {
+    let b64 = |f: &FileDescriptor| {
         base64::engine::general_purpose::STANDARD.encode(f.file_descriptor_proto().encode_to_vec())
     };
     let money = text
@@ -226,13 +226,13 @@ fn a_schema_registered_as_a_serialized_descriptor_compiles_as_its_text_does() {
         .get_file_by_name("common/money.proto")
         .unwrap();
     let serialized_imports = vec![Reference {
-        text: encode(&money),
+        text: b64(&money),
         ..imports().remove(0)
     }];
-    let from_serialized = Schema::compile(&encode(&text.file), &serialized_imports).unwrap();
+    let from_serialized = Schema::compile(&b64(&text.file), &serialized_imports).unwrap();
     let order = from_serialized.message(Some("shop.Order")).unwrap();
     let (_, e, _) = setup(None);
-    let bytes = encode_with(&e, &order_json());
+    let bytes = encode(&e, &order_json()).unwrap();
     let message = DynamicMessage::decode(order, &bytes[6..]).unwrap();
     assert_eq!(
         doc::to_doc(&message).unwrap().to_json(),
@@ -241,6 +241,22 @@ fn a_schema_registered_as_a_serialized_descriptor_compiles_as_its_text_does() {
     );
 }
 
-fn encode_with(e: &ProtobufEncoder, v: &Json) -> Vec<u8> {
-    encode(e, v).unwrap()
+#[test]
+fn an_output_takes_json_names_enum_numbers_and_64_bit_integers_as_text() {
+    let (_, e, d) = setup(None);
+    let bytes = encode(
+        &e,
+        &json!({"id": "12", "placedAt": "2026-12-07T10:00:00Z", "status": 2, "big": "7"}),
+    )
+    .unwrap();
+    let got = decode(&d, &bytes).unwrap();
+    assert_eq!(got["id"], json!(12));
+    assert_eq!(got["placed_at"], json!("2026-12-07T10:00:00Z"));
+    assert_eq!(got["status"], json!("SHIPPED"));
+    assert_eq!(got["big"], json!(7));
+    let err = encode(&e, &json!({"colour": "red"})).unwrap_err();
+    assert!(
+        err.message.contains("unrecognized field name 'colour'"),
+        "{err}"
+    );
 }
