@@ -104,9 +104,10 @@ impl ErrorKind {
         }
     }
 
-    /// Whether a transient failure of this kind holds the record's partition when its
-    /// attempts run out, whatever `runtime.on_exhausted` says: it is not the record's fault,
-    /// so dead-lettering it would lose a good record.
+    /// Whether a transient failure of this kind holds the record's partition at once, without
+    /// retries in the job's loop, whatever `runtime.on_exhausted` says: it is not the record's
+    /// fault, so dead-lettering it would lose a good record, and what it waits for is asked in
+    /// the background while the other partitions flow.
     pub fn holds_partition(self) -> bool {
         self == ErrorKind::RegistryUnavailable
     }

@@ -17,7 +17,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use apache_avro::Schema;
@@ -278,53 +278,84 @@ fn the_avro_example_runs_exactly_once_across_a_sigkill_with_poison_dead_lettered
 }
 
 /// A TCP proxy to `upstream` that can be switched off (connections refused: closed as soon
-/// as they are accepted) and on again.
+/// as they are accepted), made to hang (connections held open and never answered, as a
+/// registry stopped with SIGSTOP does), and switched on again.
 struct Proxy {
     port: u16,
-    up: Arc<AtomicBool>,
+    state: Arc<AtomicU8>,
 }
+
+const UP: u8 = 0;
+const REFUSING: u8 = 1;
+const HANGING: u8 = 2;
 
 impl Proxy {
     fn start(upstream: String) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let up = Arc::new(AtomicBool::new(true));
-        let flag = Arc::clone(&up);
+        let state = Arc::new(AtomicU8::new(UP));
+        let flag = Arc::clone(&state);
         std::thread::spawn(move || {
+            let mut held = Vec::new();
             for conn in listener.incoming() {
                 let Ok(client) = conn else { continue };
-                if !flag.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
+                match flag.load(Ordering::SeqCst) {
+                    REFUSING => drop(client),
+                    HANGING => held.push(client),
+                    _ => {
+                        let Ok(server) = TcpStream::connect(&upstream) else {
+                            continue;
+                        };
+                        pipe(client, server, Arc::clone(&flag));
+                    }
                 }
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                let flag = Arc::clone(&flag);
-                pipe(client, server, flag);
             }
         });
-        Proxy { port, up }
+        Proxy { port, state }
     }
 
-    fn set_up(&self, up: bool) {
-        self.up.store(up, Ordering::SeqCst);
+    fn set(&self, state: u8) {
+        self.state.store(state, Ordering::SeqCst);
+    }
+
+    /// The registry's URL through the proxy.
+    fn url(&self, registry: &str) -> String {
+        let upstream = upstream_of(registry);
+        let path = registry
+            .trim_start_matches("http://")
+            .trim_start_matches(&upstream);
+        format!("http://127.0.0.1:{}{path}", self.port)
     }
 }
 
-/// Copies both ways until either side closes, or the proxy is switched off.
-fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
+/// `host:port` of a registry URL.
+fn upstream_of(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string()
+}
+
+/// Copies both ways until either side closes or the proxy refuses; while it hangs, copies
+/// nothing and keeps both open.
+fn pipe(a: TcpStream, b: TcpStream, state: Arc<AtomicU8>) {
     for (mut from, mut to) in [
         (a.try_clone().expect("clone"), b.try_clone().expect("clone")),
         (b, a),
     ] {
-        let up = Arc::clone(&up);
+        let state = Arc::clone(&state);
         std::thread::spawn(move || {
             let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
             let mut buf = [0u8; 16 * 1024];
             loop {
-                if !up.load(Ordering::SeqCst) {
-                    break;
+                match state.load(Ordering::SeqCst) {
+                    REFUSING => break,
+                    HANGING => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    _ => {}
                 }
                 match from.read(&mut buf) {
                     Ok(0) => break,
@@ -347,10 +378,17 @@ fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
     }
 }
 
-fn avro_topology(name: &str, registry: &str, input: &str, output: &str, dlq: &str) -> String {
+fn avro_topology(
+    name: &str,
+    registry: &str,
+    timeout_ms: u64,
+    input: &str,
+    output: &str,
+    dlq: &str,
+) -> String {
     format!(
         r#"name: {name}
-schema_registry: {{url: "{registry}", timeout_ms: 2000}}
+schema_registry: {{url: "{registry}", timeout_ms: {timeout_ms}}}
 inputs:
   - topic: {input}
     codec: avro
@@ -372,17 +410,8 @@ runtime:
 #[test]
 fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() {
     let url = registry_url();
-    let upstream = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .expect("host:port")
-        .to_string();
-    let path = url
-        .trim_start_matches("http://")
-        .trim_start_matches(&upstream);
-    let proxy = Proxy::start(upstream);
-    let proxied = format!("http://127.0.0.1:{}{path}", proxy.port);
+    let proxy = Proxy::start(upstream_of(&url));
+    let proxied = proxy.url(&url);
 
     let name = unique("avro-registry-down");
     let (input, output, dlq) = (
@@ -406,7 +435,7 @@ fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() 
     };
     // Written with v1: the job fetches v1 while the registry is there.
     produce_bytes(&input, batch(1..=100, true, id1));
-    let (_dir, file) = topology_file(&avro_topology(&name, &proxied, &input, &output, &dlq));
+    let (_dir, file) = topology_file(&avro_topology(&name, &proxied, 2000, &input, &output, &dlq));
     let job = spawn_job(&file, "i0", &[]);
     assert_eq!(
         wait_for_committed(&output, 1, 100, Duration::from_secs(60)),
@@ -414,7 +443,7 @@ fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() 
     );
 
     // The registry goes away; records written with v2, an id the job has not met, arrive.
-    proxy.set_up(false);
+    proxy.set(REFUSING);
     let id2 = reg
         .register(&format!("{input}-value"), &v2, true)
         .expect("v2");
@@ -432,7 +461,7 @@ fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() 
     );
 
     // Back: everything flows, once.
-    proxy.set_up(true);
+    proxy.set(UP);
     assert_eq!(
         wait_for_committed(&output, 1, 300, Duration::from_secs(60)),
         300
@@ -452,6 +481,100 @@ fn a_registry_that_goes_away_holds_the_partition_and_nothing_is_dead_lettered() 
         .collect();
     assert_exactly_once(&expected, &ids);
     assert_eq!(committed_count(&dlq, 1), 0);
+}
+
+#[test]
+fn a_registry_that_hangs_holds_only_the_partition_waiting_on_it() {
+    let url = registry_url();
+    let proxy = Proxy::start(upstream_of(&url));
+    let name = unique("avro-registry-hung");
+    let (input, output, dlq) = (
+        format!("{name}.in"),
+        format!("{name}.out"),
+        format!("{name}.dlq"),
+    );
+    create_topics(&[&input, &output, &dlq], 3);
+    let (v1, v2) = (schema_file("order-v1.avsc"), schema_file("order-v2.avsc"));
+    let reg = registry(&url);
+    let id1 = reg
+        .register(&format!("{input}-value"), &v1, true)
+        .expect("v1");
+    let v1_order = |n: u64| (n.to_string(), frame(id1, &order(n * 2 + 1, &v1, &v2).1));
+    produce_bytes(&input, (1..=30).map(v1_order));
+    // A registry call times out after 5 s: stalled behind it, the job would stop for 15 s and
+    // more (three attempts).
+    let (_dir, file) = topology_file(&avro_topology(
+        &name,
+        &proxy.url(&url),
+        5000,
+        &input,
+        &output,
+        &dlq,
+    ));
+    let job = spawn_job(&file, "i0", &[]);
+    assert_eq!(
+        wait_for_committed(&output, 3, 30, Duration::from_secs(60)),
+        30
+    );
+
+    // The registry hangs (connections open, never answered); a record written with a schema id
+    // the job has not met arrives on one partition, then records it knows on every partition.
+    proxy.set(HANGING);
+    let id2 = reg
+        .register(&format!("{input}-value"), &v2, true)
+        .expect("v2");
+    produce_bytes(
+        &input,
+        [("1000".to_string(), frame(id2, &order(2000, &v1, &v2).1))],
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    produce_bytes(&input, (31..=90).map(v1_order));
+    let produced = std::time::Instant::now();
+    let inputs = read_records(&input, 3, "read_committed");
+    let held = inputs
+        .iter()
+        .find(|r| r.key.as_deref() == Some("1000"))
+        .expect("the v2 record")
+        .partition;
+    let new_elsewhere = inputs
+        .iter()
+        .filter(|r| r.partition != held)
+        .filter(|r| {
+            r.key
+                .as_deref()
+                .and_then(|k| k.parse::<u64>().ok())
+                .is_some_and(|n| (31..=90).contains(&n))
+        })
+        .count();
+    let flowing = 30 + new_elsewhere;
+    // The other partitions' records pass while the registry hangs; the held one's wait.
+    let seen = wait_for_committed(&output, 3, flowing, Duration::from_secs(5));
+    assert_eq!(
+        seen,
+        flowing,
+        "{:.1} s after the records were written, {seen} records have passed, not the {flowing} \
+         (30 before, {new_elsewhere} on partitions other than {held})",
+        produced.elapsed().as_secs_f64()
+    );
+    assert_eq!(committed_count(&dlq, 3), 0, "a record was dead-lettered");
+
+    // Back: everything flows, once.
+    proxy.set(UP);
+    assert_eq!(
+        wait_for_committed(&output, 3, 91, Duration::from_secs(60)),
+        91
+    );
+    terminate(job);
+    let keys: Vec<u64> = read_records(&output, 3, "read_committed")
+        .iter()
+        .map(|r| {
+            let v: Json = serde_json::from_str(r.value.as_deref().expect("value")).expect("json");
+            v["order_id"].as_u64().expect("order_id")
+        })
+        .collect();
+    let expected: BTreeSet<u64> = (1..=90).map(|n| n * 2 + 1).chain([2000]).collect();
+    assert_exactly_once(&expected, &keys);
+    assert_eq!(committed_count(&dlq, 3), 0);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //! on an async executor's worker.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use apache_avro::Schema;
@@ -152,17 +152,38 @@ enum Entry {
 
 /// The registry client and its cache of schemas by id.
 pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+/// What the registry client and its background fetches share.
+struct Inner {
     /// `None` offline (`onceflow test`, unit tests): only schemas added by hand are known.
     settings: Option<SrSettings>,
     url: String,
     by_id: RwLock<HashMap<u32, Entry>>,
+    /// The ids being fetched in the background, and where each fetch leaves its answer.
+    fetching: Mutex<HashMap<u32, Arc<Fetch>>>,
     /// Ids given to schemas registered offline.
     next_local_id: std::sync::atomic::AtomicU32,
 }
 
+/// A fetch in the background: its answer once it has one.
+#[derive(Default)]
+struct Fetch {
+    answer: Mutex<Option<Result<Arc<Registered>, Lookup>>>,
+    done: Condvar,
+}
+
+/// How long a record's look-up waits for the fetch it starts: a registry answers in
+/// milliseconds; one that does not within this holds the record's partition (it is tried
+/// again once the fetch is done), not the job.
+pub const FETCH_WAIT: Duration = Duration::from_millis(250);
+
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("url", &self.url).finish()
+        f.debug_struct("Registry")
+            .field("url", &self.inner.url)
+            .finish()
     }
 }
 
@@ -177,27 +198,29 @@ impl Registry {
         let settings = builder
             .build()
             .map_err(|e| format!("schema registry {}: {}", config.url, message(&e)))?;
-        Ok(Registry {
-            settings: Some(settings),
-            url: config.url.clone(),
-            by_id: RwLock::new(HashMap::new()),
-            next_local_id: 1.into(),
-        })
+        Ok(Registry::with(Some(settings), config.url.clone()))
     }
 
     /// A registry without a server: schemas are added by hand ([`Registry::add`]) or
     /// registered with local ids.
     pub fn offline() -> Registry {
+        Registry::with(None, "(offline)".into())
+    }
+
+    fn with(settings: Option<SrSettings>, url: String) -> Registry {
         Registry {
-            settings: None,
-            url: "(offline)".into(),
-            by_id: RwLock::new(HashMap::new()),
-            next_local_id: 1.into(),
+            inner: Arc::new(Inner {
+                settings,
+                url,
+                by_id: RwLock::new(HashMap::new()),
+                fetching: Mutex::new(HashMap::new()),
+                next_local_id: 1.into(),
+            }),
         }
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        &self.inner.url
     }
 
     /// Makes the Avro `schema` known under `id` (offline use: `onceflow test`, tests).
@@ -208,7 +231,7 @@ impl Registry {
 
     /// Makes `schema` known under `id` (offline use).
     pub fn add_registered(&self, id: u32, schema: Registered) {
-        write_lock(&self.by_id).insert(id, Entry::Known(Arc::new(schema)));
+        write_lock(&self.inner.by_id).insert(id, Entry::Known(Arc::new(schema)));
     }
 
     /// The schema of `id`, which must be in `format`: from the cache, or fetched once (with
@@ -226,22 +249,59 @@ impl Registry {
     }
 
     /// The schema of `id`, in whatever format: from the cache, or fetched once (with its
-    /// references) and cached.
+    /// references) and cached. The fetch runs in the background: the first look-up of an id
+    /// waits for it up to [`FETCH_WAIT`]; one that finds it still running does not wait. Both
+    /// are then `Unavailable`, and the answer is in the cache for the next look-up.
     pub fn registered(&self, id: u32) -> Result<Arc<Registered>, Lookup> {
-        let found = match read_lock(&self.by_id).get(&id) {
-            Some(Entry::Known(s)) => Some(Arc::clone(s)),
+        match read_lock(&self.inner.by_id).get(&id) {
+            Some(Entry::Known(s)) => return Ok(Arc::clone(s)),
             Some(Entry::Unknown { since, message }) if since.elapsed() < UNKNOWN_FOR => {
                 return Err(Lookup::Unknown(message.clone()));
             }
-            _ => None,
-        };
-        match found {
-            Some(s) => Ok(s),
-            None => self.fetch(id),
+            _ => {}
         }
+        if self.inner.settings.is_none() {
+            return Err(Lookup::Unknown(format!("schema id {id} is not known")));
+        }
+        let (fetch, started) = {
+            let mut fetching = lock(&self.inner.fetching);
+            match fetching.get(&id) {
+                Some(f) => (Arc::clone(f), false),
+                None => {
+                    let f = Arc::new(Fetch::default());
+                    fetching.insert(id, Arc::clone(&f));
+                    (f, true)
+                }
+            }
+        };
+        if started {
+            let (inner, answer) = (Arc::clone(&self.inner), Arc::clone(&fetch));
+            std::thread::spawn(move || {
+                let result = inner.fetch(id);
+                *lock(&answer.answer) = Some(result);
+                lock(&inner.fetching).remove(&id);
+                answer.done.notify_all();
+            });
+        }
+        let wait = if started { FETCH_WAIT } else { Duration::ZERO };
+        let answer = lock(&fetch.answer);
+        let (answer, _) = fetch
+            .done
+            .wait_timeout_while(answer, wait, |a| a.is_none())
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        answer.clone().unwrap_or_else(|| {
+            Err(Lookup::Unavailable(format!(
+                "schema id {id}: the registry at {} has not answered yet (asked in the \
+                 background; the record is tried again once it has)",
+                self.inner.url
+            )))
+        })
     }
+}
 
-    /// Fetches schema `id` and what it references, and caches the answer.
+impl Inner {
+    /// Fetches schema `id` and what it references, and caches the answer (a transient
+    /// failure is not cached: the next look-up asks again).
     fn fetch(&self, id: u32) -> Result<Arc<Registered>, Lookup> {
         let Some(settings) = &self.settings else {
             return Err(Lookup::Unknown(format!("schema id {id} is not known")));
@@ -324,7 +384,9 @@ impl Registry {
         }
         Ok(found)
     }
+}
 
+impl Registry {
     /// The id of the Avro `schema` under `subject`: registered when `auto_register` (the
     /// registry refuses a schema incompatible with the subject's versions), looked up
     /// otherwise.
@@ -349,8 +411,9 @@ impl Registry {
         schema: &Registered,
         auto_register: bool,
     ) -> Result<u32, String> {
-        let Some(settings) = &self.settings else {
+        let Some(settings) = &self.inner.settings else {
             let id = self
+                .inner
                 .next_local_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.add_registered(id, schema.clone());
@@ -378,7 +441,7 @@ impl Registry {
             .map_err(|e| {
                 format!(
                     "the registry at {} refused the schema of subject `{subject}`: {}",
-                    self.url,
+                    self.inner.url,
                     message(&e)
                 )
             })
@@ -396,7 +459,7 @@ impl Registry {
         subject: &str,
         schema: &Registered,
     ) -> Result<Result<u32, String>, String> {
-        let Some(settings) = &self.settings else {
+        let Some(settings) = &self.inner.settings else {
             return Ok(Err("offline".into()));
         };
         let body = serde_json::json!({
@@ -412,12 +475,12 @@ impl Registry {
             Err(e) if not_found(&e) => Ok(Err(format!(
                 "subject `{subject}` of the registry at {} has no version with the output's \
                  schema (auto_register is false): {}",
-                self.url,
+                self.inner.url,
                 message(&e)
             ))),
             Err(e) => Err(format!(
                 "the registry at {} cannot look up subject `{subject}`: {}",
-                self.url,
+                self.inner.url,
                 message(&e)
             )),
         }
@@ -431,7 +494,7 @@ impl Registry {
     /// Whether `schema` may be registered under `subject` (a subject without versions takes
     /// any schema).
     pub fn is_compatible_schema(&self, subject: &str, schema: &Registered) -> Result<bool, String> {
-        let Some(settings) = &self.settings else {
+        let Some(settings) = &self.inner.settings else {
             return Ok(true);
         };
         match is_compatible_schema(settings, subject.to_string(), supplied(schema)) {
@@ -439,7 +502,7 @@ impl Registry {
             Err(e) if not_found(&e) => Ok(true),
             Err(e) => Err(format!(
                 "the registry at {} cannot check subject `{subject}`: {}",
-                self.url,
+                self.inner.url,
                 message(&e)
             )),
         }
@@ -447,7 +510,7 @@ impl Registry {
 
     /// Whether the registry answers (its subject list).
     pub fn ping(&self) -> Result<(), String> {
-        let Some(settings) = &self.settings else {
+        let Some(settings) = &self.inner.settings else {
             return Ok(());
         };
         schema_registry_converter::blocking::schema_registry::get_all_subjects(settings)
@@ -455,7 +518,7 @@ impl Registry {
             .map_err(|e| {
                 format!(
                     "the registry at {} does not answer: {}",
-                    self.url,
+                    self.inner.url,
                     message(&e)
                 )
             })
@@ -515,6 +578,11 @@ fn message(e: &SRCError) -> String {
 fn read_lock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     // A poisoned cache still holds valid entries: each is inserted whole.
     l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock still holds a whole value: each is set whole.
+    l.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn write_lock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
@@ -599,6 +667,59 @@ mod tests {
             timeout_ms: 2_000,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_registry_that_does_not_answer_holds_a_look_up_for_the_short_wait_only() {
+        // Accepts connections and never answers, as a registry stopped with SIGSTOP does.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming() {
+                counted.fetch_add(1, Ordering::SeqCst);
+                held.push(conn);
+            }
+        });
+        let r = Registry::connect(&SchemaRegistry {
+            url,
+            username: None,
+            password: None,
+            timeout_ms: 1_500,
+        })
+        .unwrap();
+        let started = std::time::Instant::now();
+        let first = r.schema(1, Format::Avro).unwrap_err();
+        let waited = started.elapsed();
+        assert!(
+            matches!(&first, Lookup::Unavailable(m) if m.contains("not answered yet")),
+            "{first:?}"
+        );
+        assert!(
+            waited >= FETCH_WAIT && waited < FETCH_WAIT * 4,
+            "{waited:?}"
+        );
+        // The fetch still running: the next look-up does not wait, nor ask again.
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            r.schema(1, Format::Avro),
+            Err(Lookup::Unavailable(_))
+        ));
+        assert!(
+            started.elapsed() < FETCH_WAIT / 2,
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // Once it has timed out, a look-up asks again.
+        std::thread::sleep(Duration::from_millis(1_700));
+        assert!(matches!(
+            r.schema(1, Format::Avro),
+            Err(Lookup::Unavailable(_))
+        ));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
     #[test]
