@@ -4,6 +4,15 @@
 //! transiently or crash at chosen moments, so that recovery can be checked on a real broker.
 //! Nothing sets them in production; an unset or unparsable variable turns its failpoint off.
 
+/// The failure [`TRANSIENT_FAILURES`] injects.
+pub fn injected_failure() -> crate::record::RecordError {
+    crate::record::RecordError {
+        kind: crate::record::ErrorKind::Unavailable,
+        stage: crate::record::Stage::Decode,
+        message: "injected transient failure".into(),
+    }
+}
+
 /// Abort every n-th transaction instead of committing it.
 pub const ABORT_EVERY: &str = "ONCEFLOW_FAILPOINT_ABORT_EVERY";
 /// The pipeline fails transiently this many times (in all) first.

@@ -28,7 +28,7 @@ use crate::fence::{ConsumerEnd, Next, Rejoins};
 use crate::instance::{Identity, RunOptions, Summary, call_bound};
 use crate::kafka::clients;
 use crate::record::check_sizes;
-use crate::record::{ErrorKind, Origin, Record, RecordError, Stage};
+use crate::record::{Origin, Record, RecordError};
 use crate::retry::Backoff;
 use crate::sink::{SinkError, SinkErrorKind, Sinks};
 use crate::source::{self, Paused, SourceContext, TopicError};
@@ -436,6 +436,9 @@ impl<'t> Job<'t> {
         self.first_record.get_or_insert_with(Instant::now);
         let origin = source::origin_of(msg);
         let _record_span = source::record_span(&origin, msg).entered();
+        if txn.keep_redo_apart(consumer, &origin)? == Committed::Aborted {
+            return Ok(());
+        }
         let mut attempt = 1;
         let outcome = loop {
             let result = self.process(consumer, txn, msg, &origin)?;
@@ -482,7 +485,7 @@ impl<'t> Job<'t> {
         }
         if self.injected_failures > 0 {
             self.injected_failures -= 1;
-            return Ok(Err(injected_failure()));
+            return Ok(Err(crate::failpoints::injected_failure()));
         }
         // The pipeline reads key and value where they were consumed, and copies into the
         // records it writes only what they hold; the consumed message stays at hand for a
@@ -777,15 +780,6 @@ impl<'t> Job<'t> {
             self.last_progress = Instant::now();
         }
         Ok(Flow::Continue)
-    }
-}
-
-/// The failure the transient failpoint injects.
-fn injected_failure() -> RecordError {
-    RecordError {
-        kind: ErrorKind::Unavailable,
-        stage: Stage::Decode,
-        message: "injected transient failure".into(),
     }
 }
 

@@ -129,8 +129,10 @@ struct Relay<'t> {
     topics: Vec<String>,
     progress_topic: String,
     dead_letter_topic: String,
-    /// Reads progress records and topic metadata.
+    /// Reads progress records and topic metadata; made again after a Kafka failure.
     reader: BaseConsumer,
+    /// The cluster the relay's clients connect to.
+    cluster: crate::kafka::Cluster,
     /// Default routes' topics: whether each exists.
     known_topics: HashMap<String, (bool, Instant)>,
     timeout: Duration,
@@ -208,6 +210,15 @@ impl Relay<'_> {
         telemetry::relay_kafka_failed(&self.config.table, shard, e);
         if let Some(s) = self.shards.get_mut(&shard) {
             s.publisher = None;
+        }
+        // The progress reader is made again too: a client that went through an outage may
+        // hold on to its errors and dead connections (a relay kept failing on
+        // `AllBrokersDown` for minutes after the broker was back).
+        match start::progress_reader(&self.cluster, &self.topology.name) {
+            Ok(reader) => self.reader = reader,
+            Err(made) => {
+                telemetry::relay_kafka_failed(&self.config.table, shard, &made.to_string())
+            }
         }
         self.wait_after(e);
     }

@@ -103,6 +103,10 @@ impl Relay<'_> {
                             last = Some(p);
                         }
                     }
+                    // The client's word on its connections (all brokers down, a transport
+                    // failure: an outage, perhaps over already) is no answer about the
+                    // partition: it is read until the deadline.
+                    Some(Err(e)) if is_connection_event(&e) => {}
                     Some(Err(e)) => return Err(e),
                     None if Instant::now() > deadline => {
                         return Err(KafkaError::Flush(
@@ -119,6 +123,23 @@ impl Relay<'_> {
         }
         Ok(None)
     }
+}
+
+/// Whether a consumer's error is about its connections, not about what it reads.
+fn is_connection_event(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        e,
+        KafkaError::MessageConsumption(
+            Code::AllBrokersDown
+                | Code::BrokerTransportFailure
+                | Code::Resolve
+                | Code::BrokerNotAvailable
+                | Code::NetworkException
+                | Code::RequestTimedOut
+                | Code::OperationTimedOut
+        )
+    )
 }
 
 /// The ranges of offsets `[start, end)` a shard's partition is read back in, from its end
@@ -241,6 +262,30 @@ mod tests {
         }
         .encode();
         assert_eq!(Progress::decode(Some(b"t/2"), Some(&other), "t", 2), None);
+    }
+
+    #[test]
+    fn a_consumers_word_on_its_connections_is_not_an_answer_about_the_partition() {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        for code in [
+            Code::AllBrokersDown,
+            Code::BrokerTransportFailure,
+            Code::Resolve,
+        ] {
+            assert!(
+                is_connection_event(&KafkaError::MessageConsumption(code)),
+                "{code:?}"
+            );
+        }
+        for code in [
+            Code::UnknownTopicOrPartition,
+            Code::TopicAuthorizationFailed,
+        ] {
+            assert!(
+                !is_connection_event(&KafkaError::MessageConsumption(code)),
+                "{code:?}"
+            );
+        }
     }
 
     #[test]

@@ -54,6 +54,7 @@ impl<'t> Relay<'t> {
             progress_topic: config.progress_topic(&topology.name),
             dead_letter_topic: topology.dead_letter_topic(),
             reader,
+            cluster: cluster.clone(),
             known_topics: HashMap::new(),
             timeout,
             stats: TxnStats::default(),
@@ -171,7 +172,10 @@ fn output_topics(topology: &Topology) -> Result<Vec<String>, RelayError> {
 
 /// The consumer that reads progress records back (read_committed, nothing committed) and
 /// topic metadata.
-fn progress_reader(cluster: &Cluster, topology: &str) -> Result<BaseConsumer, RelayError> {
+pub(super) fn progress_reader(
+    cluster: &Cluster,
+    topology: &str,
+) -> Result<BaseConsumer, RelayError> {
     cluster
         .config()
         .set("group.id", format!("onceflow.{topology}.outbox-reader"))

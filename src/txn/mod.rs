@@ -26,7 +26,7 @@ use rdkafka::error::KafkaError;
 
 pub use collector::payload_len;
 pub use coordinator::{
-    Added, CommitSteps, Committed, Consumed, Outgoing, Position, Txn, TxnSettings, TxnStats,
+    Added, CommitSteps, Committed, Consumed, Outgoing, Position, Redo, Txn, TxnSettings, TxnStats,
 };
 pub use participant::{Failure, Participant, ParticipantError, Refusal, Severity};
 pub use publish::Publisher;

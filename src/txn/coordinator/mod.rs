@@ -55,6 +55,7 @@ use participants::Participants;
 use refusals::Refusals;
 
 pub use due::Position;
+pub use refusals::Redo;
 pub use stats::{CommitSteps, TxnStats};
 
 /// When a transaction is due, and how long client calls may take.

@@ -125,6 +125,7 @@ impl Txn {
         match e.severity() {
             Severity::Permanent if refusals.iter().any(|r| r.origin.is_some()) => {
                 self.refused.remember(refusals);
+                self.bound_the_redo();
                 self.abort_and_rewind(consumer, AbortReason::SinkRefused, &detail)?;
                 Ok(Committed::Aborted)
             }

@@ -4,9 +4,12 @@
 
 use std::collections::HashMap;
 
-use super::Txn;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+
+use super::{Committed, Txn};
 use crate::record::{Origin, RecordError};
 use crate::telemetry;
+use crate::txn::TxnError;
 use crate::txn::participant::Refusal;
 
 /// Refused records remembered at most; past it the memory starts over (a record forgotten
@@ -19,6 +22,24 @@ const MAX_REFUSED: usize = 10_000;
 #[derive(Default)]
 pub(super) struct Refusals {
     by_origin: HashMap<Origin, RecordError>,
+    /// Where the transactions refusals aborted had got to: the next offset of each partition
+    /// they consumed. Their records, done again, are kept apart from records not seen yet
+    /// (which may hold refusals of their own): a transaction holds either kind, never both, so
+    /// a refusal costs the one aborted transaction, not a chain of them.
+    redo_until: Vec<(String, i32, i64)>,
+    /// Whether the open transaction does records again (`Some(true)`), takes new ones
+    /// (`Some(false)`), or has neither yet.
+    open_redoes: Option<bool>,
+}
+
+/// What the record in hand is to the open transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redo {
+    /// It goes in the open transaction.
+    Joins,
+    /// It is not of the open transaction's kind (a record done again, or a new one): the open
+    /// transaction commits first.
+    CommitFirst,
 }
 
 impl Refusals {
@@ -38,6 +59,59 @@ impl Refusals {
 }
 
 impl Txn {
+    /// Remembers where the transaction being aborted for a refusal had got to (see
+    /// [`Refusals::redo_until`]).
+    pub(super) fn bound_the_redo(&mut self) {
+        for (t, p, next) in self.offsets.to_commit() {
+            match self
+                .refused
+                .redo_until
+                .iter_mut()
+                .find(|(topic, partition, _)| *partition == p && topic == t)
+            {
+                Some(bound) => bound.2 = bound.2.max(next),
+                None => self.refused.redo_until.push((t.to_string(), p, next)),
+            }
+        }
+        self.refused.open_redoes = None;
+    }
+
+    /// Records done again after a refusal, and records not seen before, go in transactions
+    /// of their own: the open transaction commits first when the record at `origin` is not
+    /// of its kind (`Committed::Nothing` when it joins).
+    pub fn keep_redo_apart<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        origin: &Origin,
+    ) -> Result<Committed, TxnError> {
+        if self.redo(origin) == Redo::Joins {
+            return Ok(Committed::Nothing);
+        }
+        let committed = self.commit_before(consumer, origin)?;
+        if committed != Committed::Aborted {
+            self.redo(origin);
+        }
+        Ok(committed)
+    }
+
+    /// Whether the record at `origin` may join the open transaction: records done again after
+    /// a refusal and records not seen before go in transactions of their own.
+    pub fn redo(&mut self, origin: &Origin) -> Redo {
+        if self.refused.redo_until.is_empty() {
+            return Redo::Joins;
+        }
+        let again = self.refused.redo_until.iter().any(|(t, p, next)| {
+            *p == origin.partition && t.as_str() == &*origin.topic && origin.offset < *next
+        });
+        match self.refused.open_redoes {
+            Some(kind) if self.open && kind != again => Redo::CommitFirst,
+            _ => {
+                self.refused.open_redoes = Some(again);
+                Redo::Joins
+            }
+        }
+    }
+
     /// Why a participant refused the record at `origin` in an aborted transaction, if it
     /// did: the engine handles it as a failed record (by default, dead-letters it) instead of
     /// processing it again. The refusal is remembered until a commit moves past the record:
@@ -52,6 +126,15 @@ impl Txn {
 
     /// Forgets the refusals of records this commit moved past.
     pub(super) fn forget_refusals_committed(&mut self) {
+        self.refused.open_redoes = None;
+        if !self.refused.redo_until.is_empty() {
+            let offsets = &self.offsets;
+            self.refused.redo_until.retain(|(t, p, next)| {
+                !offsets
+                    .to_commit()
+                    .any(|(topic, partition, at)| partition == *p && topic == t && at >= *next)
+            });
+        }
         if self.refused.by_origin.is_empty() {
             return;
         }
@@ -69,7 +152,7 @@ mod tests {
     use crate::record::ErrorKind;
     use crate::txn::Severity;
     use crate::txn::coordinator::fixture::*;
-    use crate::txn::{Added, Committed, Consumed};
+    use crate::txn::{Added, Committed, Consumed, Redo};
 
     #[test]
     fn a_refused_record_aborts_the_transaction_and_is_remembered_until_a_commit_passes_it() {
@@ -107,5 +190,29 @@ mod tests {
         );
         assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
         assert_eq!(f.txn.refused(&refused), None);
+    }
+
+    #[test]
+    fn records_done_again_after_a_refusal_and_new_ones_go_in_transactions_of_their_own() {
+        let mut f = fixture(None);
+        let refused = origin(0, 1);
+        add(&mut f, &origin(0, 0));
+        add(&mut f, &refused);
+        *f.fail_second.lock().unwrap() = Some(StubError {
+            severity: Severity::Permanent,
+            refused: Some(refused.clone()),
+        });
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Aborted);
+        // The records come again and join one transaction; a record not seen before does not.
+        assert_eq!(f.txn.redo(&origin(0, 0)), Redo::Joins);
+        add(&mut f, &origin(0, 0));
+        assert_eq!(f.txn.redo(&refused), Redo::Joins);
+        add(&mut f, &refused);
+        assert_eq!(f.txn.redo(&origin(0, 2)), Redo::CommitFirst);
+        assert_eq!(f.txn.commit(&f.consumer).unwrap(), Committed::Done);
+        // Past the aborted records, every record joins.
+        assert_eq!(f.txn.redo(&origin(0, 2)), Redo::Joins);
+        add(&mut f, &origin(0, 2));
+        assert_eq!(f.txn.redo(&origin(0, 3)), Redo::Joins);
     }
 }
