@@ -414,15 +414,19 @@ fn a_frozen_zombie_emits_no_window_twice() {
     assert_final_results(&s, &expected);
 }
 
-/// `delay`: 10,000 records due over 60 s, held and sent by the wall clock while the job is
-/// SIGKILLed and restarted. Every record comes out once, none before it is due (by the
-/// time the broker appended it), and while the job is up, 99 % within the commit interval
-/// plus 1 s of their due time.
-#[test]
-fn delayed_records_come_out_once_and_on_time_across_sigkills() {
-    let input = unique("delay-in");
-    let output = unique("delay-out");
-    let job = unique("delay");
+/// A `delay` job's topics and topology (its state under `${STATE_DIR}` when `state` is
+/// `None`), and `n` records due from 5 s from now over `spread_ms`, by id.
+struct Delayed {
+    output: String,
+    topology: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    due: BTreeMap<u64, i64>,
+}
+
+fn delayed(name: &str, state: Option<&std::path::Path>, n: u64, spread_ms: i64) -> Delayed {
+    let input = unique(&format!("{name}-in"));
+    let output = unique(&format!("{name}-out"));
+    let job = unique(name);
     create_topics(&[&input], PARTITIONS);
     create_replicated_topics(
         &[&output],
@@ -430,16 +434,15 @@ fn delayed_records_come_out_once_and_on_time_across_sigkills() {
         1,
         &[("message.timestamp.type", "LogAppendTime")],
     );
-    let state = tempfile::tempdir().expect("state dir");
+    let state_dir = state.map_or("${STATE_DIR}".to_string(), |p| p.display().to_string());
     let yaml = format!(
-        "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - delay: {{name: later, until: value.due}}\n  - set_key: string(value.id)\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  commit_interval_ms: 100\n  group_protocol: {}\n  state_dir: {}\n",
+        "name: {job}\ninputs:\n  - {{topic: {input}, codec: json}}\npipeline:\n  - delay: {{name: later, until: value.due}}\n  - set_key: string(value.id)\noutputs:\n  - {{topic: {output}, codec: json}}\nruntime:\n  session_timeout_ms: 10000\n  commit_interval_ms: 100\n  group_protocol: {}\n  state_dir: {state_dir}\n",
         group_protocol(),
-        state.path().display()
     );
     let (_dir, topology) = topology_file(&yaml);
     let start = now_ms() + 5_000;
-    let due: BTreeMap<u64, i64> = (0..10_000u64)
-        .map(|id| (id, start + (id * 7_919 % 10_000) as i64 * 6))
+    let due: BTreeMap<u64, i64> = (0..n)
+        .map(|id| (id, start + (id * 7_919 % n) as i64 * spread_ms / n as i64))
         .collect();
     let records: Vec<_> = due
         .iter()
@@ -451,9 +454,47 @@ fn delayed_records_come_out_once_and_on_time_across_sigkills() {
         })
         .collect();
     produce_records(&input, records);
+    Delayed {
+        output,
+        topology,
+        _dir,
+        due,
+    }
+}
+
+/// Each delayed record once in the output, read committed; none sent before it was due (by
+/// the time the broker appended it). Returns the output records.
+fn assert_delayed_once(d: &Delayed) -> Vec<ReadRecord> {
+    let ids: BTreeSet<u64> = d.due.keys().copied().collect();
+    let outputs = read_records(&d.output, PARTITIONS, "read_committed");
+    assert_exactly_once(&ids, &ids_of(&outputs));
+    let early: Vec<(u64, i64)> = outputs
+        .iter()
+        .filter_map(|r| {
+            let id: u64 = r.key.as_deref().expect("key").parse().expect("id");
+            let appended = r.timestamp.expect("an append time");
+            (appended < d.due[&id]).then(|| (id, d.due[&id] - appended))
+        })
+        .collect();
+    assert!(
+        early.is_empty(),
+        "sent before due (id, ms early): {:?}",
+        &early[..early.len().min(10)]
+    );
+    outputs
+}
+
+/// `delay`: 10,000 records due over 60 s, held and sent by the wall clock while the job is
+/// SIGKILLed and restarted. Every record comes out once, none before it is due (by the
+/// time the broker appended it), and while the job is up, 99 % within the commit interval
+/// plus 1 s of their due time.
+#[test]
+fn delayed_records_come_out_once_and_on_time_across_sigkills() {
+    let state = tempfile::tempdir().expect("state dir");
+    let d = delayed("delay", Some(state.path()), 10_000, 60_000);
     // Up, SIGKILLed, restarted, three times, at moments spread over the minute.
     let mut down: Vec<(i64, i64)> = Vec::new();
-    let mut child = spawn_job(&topology, "delay-0", &[]);
+    let mut child = spawn_job(&d.topology, "delay-0", &[]);
     for pause in [9, 17, 13] {
         std::thread::sleep(Duration::from_secs(pause));
         child.kill().expect("SIGKILL");
@@ -462,34 +503,23 @@ fn delayed_records_come_out_once_and_on_time_across_sigkills() {
         // before (the commit interval and the punctuation's period, with room).
         let killed = now_ms() - 1_000;
         std::thread::sleep(Duration::from_secs(2));
-        child = spawn_job(&topology, "delay-0", &[]);
+        child = spawn_job(&d.topology, "delay-0", &[]);
         // Down until it is back: started, restored and looking again (a few seconds).
         down.push((killed, now_ms() + 8_000));
     }
-    let ids: BTreeSet<u64> = due.keys().copied().collect();
-    let seen = wait_for_distinct(&output, PARTITIONS, ids.len(), Duration::from_secs(120));
+    let seen = wait_for_distinct(&d.output, PARTITIONS, d.due.len(), Duration::from_secs(120));
     terminate(child);
-    assert_eq!(seen, ids.len(), "not every delayed record came out");
-    let outputs = read_records(&output, PARTITIONS, "read_committed");
-    assert_exactly_once(&ids, &ids_of(&outputs));
-    let mut early = Vec::new();
-    let mut lateness: Vec<i64> = Vec::new();
-    for r in &outputs {
-        let id: u64 = r.key.as_deref().expect("key").parse().expect("id");
-        let appended = r.timestamp.expect("an append time");
-        let due = due[&id];
-        if appended < due {
-            early.push((id, due - appended));
-        }
-        if !down.iter().any(|&(from, to)| due >= from && due <= to) {
-            lateness.push(appended - due);
-        }
-    }
-    assert!(
-        early.is_empty(),
-        "sent before due (id, ms early): {:?}",
-        &early[..early.len().min(10)]
-    );
+    assert_eq!(seen, d.due.len(), "not every delayed record came out");
+    let outputs = assert_delayed_once(&d);
+    let mut lateness: Vec<i64> = outputs
+        .iter()
+        .filter_map(|r| {
+            let id: u64 = r.key.as_deref().expect("key").parse().expect("id");
+            let due = d.due[&id];
+            let up = !down.iter().any(|&(from, to)| due >= from && due <= to);
+            up.then(|| r.timestamp.expect("an append time") - due)
+        })
+        .collect();
     lateness.sort_unstable();
     let p = |q: f64| lateness[((lateness.len() - 1) as f64 * q) as usize];
     eprintln!(
@@ -505,6 +535,28 @@ fn delayed_records_come_out_once_and_on_time_across_sigkills() {
         lateness.len()
     );
     assert!(p(0.99) <= 100 + 1_000, "p99 lateness {} ms", p(0.99));
+}
+
+/// `delay` with a zombie: an instance frozen (SIGSTOP) while it holds records not yet due,
+/// replaced by another instance (its own transactional id, its own disk) once its session
+/// times out, then woken. Its producer is not fenced by the replacement's (another
+/// transactional id): only the group generation its punctuation commits with fences it. The
+/// replacement sends every record; each comes out once, none early.
+#[test]
+fn a_frozen_zombie_sends_no_delayed_record_twice() {
+    let d = delayed("delay-z", None, 5_000, 40_000);
+    let disks = disks_apart(&d.topology);
+    let disk = |i: usize| disks[i].path().display().to_string();
+    let zombie = spawn_job(&d.topology, "delay-z0", &[("STATE_DIR", disk(0).as_str())]);
+    let replacement = freeze_replace_wake(
+        zombie,
+        &|| spawn_job(&d.topology, "delay-z1", &[("STATE_DIR", disk(1).as_str())]),
+        &d.output,
+        PARTITIONS,
+        d.due.len(),
+    );
+    terminate(replacement);
+    assert_delayed_once(&d);
 }
 
 fn now_ms() -> i64 {
