@@ -146,6 +146,14 @@ pub fn schema_files(topology: &Topology) -> Vec<String> {
     files.into_iter().collect()
 }
 
+/// The SHA-256 of a ConfigMap's data (its keys in order), in hex.
+fn config_checksum(data: &serde_json::Map<String, Json>) -> String {
+    openssl::sha::sha256(Json::Object(data.clone()).to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A ConfigMap key for a file path (keys cannot hold `/`).
 fn key_of(path: &str) -> String {
     path.replace('/', "__")
@@ -173,6 +181,7 @@ pub fn render(
         m
     };
     let (data, items) = config_files(file_name, text, files);
+    let checksum = config_checksum(&data);
     let env = pod_env(topology, text, &name, options);
     let pod = pod_spec(topology, &name, file_name, env, items, options);
     let selector = json!({ "matchLabels": labels });
@@ -196,6 +205,9 @@ pub fn render(
                 "metadata": {
                     "labels": labels,
                     "annotations": {
+                        // The pods roll when the ConfigMap changes: its content is part of
+                        // the pod template.
+                        "onceflow.io/config-sha256": checksum,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": METRICS_PORT.to_string(),
                         "prometheus.io/path": "/metrics",
@@ -307,7 +319,14 @@ fn pod_spec(
     let grace = crate::supervise::stop_grace(topology).as_secs() + 15;
     let mut pod = json!({
         "terminationGracePeriodSeconds": grace,
-        "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001 },
+        // Pod Security "restricted": non-root, the runtime's default seccomp profile, and
+        // (on the container) no privilege escalation and no capabilities.
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
         "containers": [{
             "name": "onceflow",
             "image": options.image,
@@ -466,6 +485,89 @@ mod tests {
             to_yaml(&docs, "onceflow deploy render j.yaml")
                 .unwrap()
                 .contains("kind: PodDisruptionBudget")
+        );
+    }
+
+    /// Pod Security Standards, "restricted" profile (Kubernetes 1.30): every control it
+    /// checks, on the pods of a stateless and of a stateful job.
+    #[test]
+    fn the_pods_pass_pod_security_restricted() {
+        let stateless = "name: a\ninputs: [{topic: i}]\noutputs: [{topic: o}]\n";
+        let stateful = "name: b\ninputs: [{topic: i, codec: json}]\npipeline:\n  - dedupe: {name: d, id: value.id}\noutputs: [{topic: o}]\n";
+        for yaml in [stateless, stateful] {
+            let docs = render_of(yaml);
+            let set = docs
+                .iter()
+                .find(|d| d["kind"] == "StatefulSet")
+                .expect("a StatefulSet");
+            let pod = &set["spec"]["template"]["spec"];
+            for host in ["hostNetwork", "hostPID", "hostIPC", "hostUsers"] {
+                assert!(pod[host].is_null() || pod[host] == false, "{host}");
+            }
+            assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+            assert_ne!(pod["securityContext"]["runAsUser"], 0);
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"],
+                "RuntimeDefault"
+            );
+            // Volume types the profile allows.
+            for v in pod["volumes"].as_array().expect("volumes") {
+                let kinds: Vec<&String> = v
+                    .as_object()
+                    .expect("a volume")
+                    .keys()
+                    .filter(|k| *k != "name")
+                    .collect();
+                assert!(
+                    kinds.iter().all(|k| [
+                        "configMap",
+                        "emptyDir",
+                        "projected",
+                        "secret",
+                        "persistentVolumeClaim",
+                        "downwardAPI",
+                        "ephemeral",
+                        "csi"
+                    ]
+                    .contains(&k.as_str())),
+                    "{v}"
+                );
+            }
+            for c in pod["containers"].as_array().expect("containers") {
+                let sc = &c["securityContext"];
+                assert!(sc["privileged"].is_null() || sc["privileged"] == false);
+                assert_eq!(sc["allowPrivilegeEscalation"], false);
+                assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+                assert!(sc["capabilities"]["add"].is_null());
+                assert!(
+                    c["ports"]
+                        .as_array()
+                        .is_none_or(|p| p.iter().all(|p| p["hostPort"].is_null()))
+                );
+                assert!(sc["runAsUser"].is_null() || sc["runAsUser"] != 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_changed_topology_rolls_the_pods() {
+        let checksum = |yaml: &str| {
+            render_of(yaml)
+                .iter()
+                .find(|d| d["kind"] == "StatefulSet")
+                .expect("a StatefulSet")["spec"]["template"]["metadata"]["annotations"]
+                ["onceflow.io/config-sha256"]
+                .as_str()
+                .expect("the checksum")
+                .to_string()
+        };
+        let a = checksum("name: a\ninputs: [{topic: i}]\noutputs: [{topic: o}]\n");
+        let b = checksum("name: a\ninputs: [{topic: i}]\noutputs: [{topic: o2}]\n");
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            checksum("name: a\ninputs: [{topic: i}]\noutputs: [{topic: o}]\n")
         );
     }
 }
