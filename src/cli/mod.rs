@@ -6,6 +6,7 @@ mod dlq;
 mod probe;
 mod reconcile;
 mod run;
+mod schema;
 mod test;
 mod txn;
 mod validate;
@@ -68,6 +69,9 @@ enum Command {
         #[command(subcommand)]
         command: deploy::DeployCommand,
     },
+    /// Print the JSON Schema of topology files (the file docs/topology.schema.json), for
+    /// editors and validators. It accepts a `${VAR}` reference wherever a value may be written.
+    Schema,
 }
 
 impl Cli {
@@ -111,6 +115,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Deploy { command } => deploy::run(command),
         Command::Probe(args) => probe::run(&args),
         Command::Reconcile(args) => reconcile::run(args),
+        Command::Schema => schema::run(),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
