@@ -1,5 +1,6 @@
-//! The command line as a person or a script meets it, without a broker: the committed
-//! topology schema as `onceflow schema` prints it.
+//! The command line as a person or a script meets it, without a broker: the exit statuses of
+//! the checks (0 nothing wrong, 1 a problem found, 2 could not check or asked wrongly) and the
+//! committed topology schema as `onceflow schema` prints it.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -18,6 +19,87 @@ fn onceflow(args: &[&str]) -> Output {
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `args` exits with `code`; what it said, for more checks.
+fn exits(args: &[&str], code: i32) -> String {
+    let out = onceflow(args);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(code), "onceflow {args:?}:\n{said}");
+    said
+}
+
+#[test]
+fn validate_exits_0_when_clean_1_on_a_problem_and_2_when_it_could_not_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "name: t\ninputs: [{topic: in}]\noutputs: [{topic: out}]\nruntime: {commit_interval: 5}\n",
+    )
+    .expect("write");
+    let bad = bad.to_str().expect("a UTF-8 path");
+    let missing = dir.path().join("missing.yaml");
+    let missing = missing.to_str().expect("a UTF-8 path");
+
+    exits(&["validate", "topologies/orders.yaml"], 0);
+    let said = exits(&["validate", "topologies/orders.yaml", bad], 1);
+    assert!(said.contains("runtime.commit_interval"), "{said}");
+    let said = exits(&["validate", missing], 2);
+    assert!(said.contains("cannot read"), "{said}");
+    // A file that could not be checked outweighs one with a problem.
+    exits(&["validate", bad, missing], 2);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    exits(&["validate"], 2);
+    exits(&["validate", "topologies/orders.yaml", "--no-such-flag"], 2);
+    exits(&["nosuchcommand"], 2);
+    exits(
+        &[
+            "txn",
+            "doctor",
+            "--bootstrap-servers",
+            "x",
+            "--older-than",
+            "60",
+        ],
+        2,
+    );
+    exits(&["--help"], 0);
+}
+
+#[test]
+fn the_other_checks_exit_2_when_they_cannot_look() {
+    // Nothing listens on port 1: the connection is refused at once.
+    let said = exits(
+        &[
+            "txn",
+            "doctor",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--timeout",
+            "2s",
+        ],
+        2,
+    );
+    assert!(said.contains("cannot reach"), "{said}");
+    exits(
+        &[
+            "reconcile",
+            "no-such-topology.yaml",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ],
+        2,
+    );
+    // A command that is not a check exits 1 when it fails.
+    exits(&["run", "no-such-topology.yaml"], 1);
 }
 
 #[test]

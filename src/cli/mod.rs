@@ -46,7 +46,8 @@ enum Command {
     },
     /// Check topology files: environment variables, fields, expressions, wiring and the
     /// settings exactly-once depends on. Every problem is printed with its field path and
-    /// line; the exit status is 0 only when every file is clean.
+    /// line. Exit status 0 when every file is clean, 1 when one has a problem, 2 when a check
+    /// could not be made (a file unreadable, no answer from the brokers).
     Validate(validate::ValidateArgs),
     /// Run a topology's pipeline in-process over the records of a cases file (no broker) and
     /// compare every output with what the cases expect.
@@ -54,8 +55,9 @@ enum Command {
     /// Prove that a finished or paused run's outputs agree with what it consumed: per input
     /// partition consumed, produced, filtered, dead-lettered, missing and duplicated records
     /// (by the lineage headers every output carries), PostgreSQL outputs through their inbox,
-    /// and a marker per output partition that no hanging transaction holds back. Exit 0
-    /// only when nothing is missing, duplicated or hanging.
+    /// and a marker per output partition that no hanging transaction holds back. Exit status
+    /// 0 when nothing is missing, duplicated or hanging, 1 when something is, 2 when it could
+    /// not look.
     Reconcile(reconcile::ReconcileArgs),
     /// Ask a running job's health endpoint; exit 0 on a 200 (the image's HEALTHCHECK).
     Probe(probe::ProbeArgs),
@@ -96,35 +98,67 @@ fn long_version() -> String {
     )
 }
 
-/// Runs the parsed command line; the exit status is failure when the command failed or found
-/// a problem.
 pub use crate::supervise::hold_stop_signals;
 
+/// How a command ended: its exit status (docs/running.md, "Exit status", has the table).
+/// Ordered from the best to the worst: when a command checks several things, the worst says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    /// 0: done; for a check, nothing wrong was found.
+    Ok,
+    /// 1: a check found a problem, or the command failed.
+    Problems,
+    /// 2: a check could not be made (a file that cannot be read, a broker, registry or
+    /// database that does not answer, a topology that does not load) or was asked wrongly.
+    /// clap's own usage errors exit 2 too.
+    Unchecked,
+}
+
+impl Status {
+    /// The status of a verdict: ok or problems.
+    pub fn of(ok: bool) -> Status {
+        if ok { Status::Ok } else { Status::Problems }
+    }
+
+    pub fn code(self) -> u8 {
+        match self {
+            Status::Ok => 0,
+            Status::Problems => 1,
+            Status::Unchecked => 2,
+        }
+    }
+}
+
+/// Runs the parsed command line. The checks (`validate`, `reconcile`, `txn doctor`) exit 0
+/// when nothing is wrong, 1 when they found a problem and 2 when they could not look; the
+/// other commands 0 when done and 1 when they failed.
 pub fn main(cli: Cli) -> ExitCode {
     crate::telemetry::init_tracing(cli.log_json);
     if !matches!(cli.command, Command::Run(_)) {
         // `run` lets them through once its handlers are installed (Supervisor::start).
         crate::supervise::release_stop_signals();
     }
-    let result = match cli.command {
-        Command::Run(args) => run::run(args),
-        Command::Dlq { command } => dlq::run(command),
-        Command::Validate(args) => validate::run(&args),
-        Command::Test(args) => test::run(&args),
-        Command::Txn { command } => txn::run(command),
-        Command::Deploy { command } => deploy::run(command),
-        Command::Probe(args) => probe::run(&args),
-        Command::Reconcile(args) => reconcile::run(args),
-        Command::Schema => schema::run(),
+    // An error of a check means it could not be made; of another command, that it failed.
+    let failed = match cli.command {
+        Command::Validate(_) | Command::Reconcile(_) | Command::Txn { .. } => Status::Unchecked,
+        _ => Status::Problems,
     };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {}", chain(&e));
-            ExitCode::FAILURE
-        }
-    }
+    let result = match cli.command {
+        Command::Run(args) => run::run(args).map(Status::of),
+        Command::Dlq { command } => dlq::run(command).map(Status::of),
+        Command::Validate(args) => validate::run(&args),
+        Command::Test(args) => test::run(&args).map(Status::of),
+        Command::Txn { command } => txn::run(command).map(Status::of),
+        Command::Deploy { command } => deploy::run(command).map(Status::of),
+        Command::Probe(args) => probe::run(&args).map(Status::of),
+        Command::Reconcile(args) => reconcile::run(args).map(Status::of),
+        Command::Schema => schema::run().map(Status::of),
+    };
+    let status = result.unwrap_or_else(|e| {
+        eprintln!("error: {}", chain(&e));
+        failed
+    });
+    ExitCode::from(status.code())
 }
 
 /// An error with its causes, each once: the crate's errors already show their cause in
@@ -229,5 +263,17 @@ mod tests {
     fn the_command_line_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_worst_status_wins() {
+        assert_eq!(Status::Ok.max(Status::Problems), Status::Problems);
+        assert_eq!(Status::Unchecked.max(Status::Problems), Status::Unchecked);
+        assert_eq!(
+            [Status::Ok, Status::Problems, Status::Unchecked].map(Status::code),
+            [0, 1, 2]
+        );
+        assert_eq!(Status::of(true), Status::Ok);
+        assert_eq!(Status::of(false), Status::Problems);
     }
 }

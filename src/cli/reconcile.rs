@@ -1,5 +1,6 @@
 //! `onceflow reconcile <topology>`: what a finished or paused run consumed against what it
-//! wrote, per input partition; exit 0 only when nothing is missing, duplicated or hanging.
+//! wrote, per input partition; exit 0 when nothing is missing, duplicated or hanging, 1 when
+//! something is, 2 when it could not look.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -19,7 +19,8 @@ use crate::topology::env::Strictness;
 pub enum TxnCommand {
     /// List open transactions, which of them hang, and the partitions they hold back (last
     /// stable offset below the high watermark). Exit status 0 when nothing hangs, 1 when
-    /// something does. With --abort, end the hanging ones and check again.
+    /// something does, 2 when it could not look. With --abort, end the hanging ones and check
+    /// again.
     Doctor(DoctorArgs),
 }
 

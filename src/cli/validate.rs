@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::Status;
 use crate::topology::env::Strictness;
 use crate::validate;
 use crate::{load, relay};
@@ -26,13 +27,16 @@ pub struct ValidateArgs {
     database: bool,
 }
 
-pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
+/// Every file checked, each with its verdict printed: [`Status::Problems`] when a file has a
+/// problem, [`Status::Unchecked`] when something could not be checked (a file unread, a
+/// broker, registry or database without an answer), whatever else was found.
+pub fn run(args: &ValidateArgs) -> anyhow::Result<Status> {
     let strictness = if args.no_env {
         Strictness::Lenient
     } else {
         Strictness::Strict
     };
-    let mut clean = true;
+    let mut status = Status::Ok;
     for file in &args.files {
         let checked = load::load(file, strictness);
         let mut diagnostics = checked.diagnostics;
@@ -52,15 +56,23 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<bool> {
                 &checked.lines,
             ));
         }
-        if diagnostics.is_empty() {
-            println!("{}: ok", file.display());
-        } else {
-            clean = false;
-            for d in &diagnostics {
-                println!("{d}");
-            }
-            println!("{}: {} problem(s)", file.display(), diagnostics.len());
+        let unchecked = diagnostics.iter().filter(|d| d.unchecked).count();
+        let problems = diagnostics.len() - unchecked;
+        for d in &diagnostics {
+            println!("{d}");
+        }
+        let verdict = match (problems, unchecked) {
+            (0, 0) => "ok".to_string(),
+            (p, 0) => format!("{p} problem(s)"),
+            (0, u) => format!("{u} check(s) could not be made"),
+            (p, u) => format!("{p} problem(s), {u} check(s) could not be made"),
+        };
+        println!("{}: {verdict}", file.display());
+        if unchecked > 0 {
+            status = status.max(Status::Unchecked);
+        } else if problems > 0 {
+            status = status.max(Status::Problems);
         }
     }
-    Ok(clean)
+    Ok(status)
 }
