@@ -53,6 +53,19 @@ fn validate_exits_0_when_clean_1_on_a_problem_and_2_when_it_could_not_check() {
     assert!(said.contains("cannot read"), "{said}");
     // A file that could not be checked outweighs one with a problem.
     exits(&["validate", bad, missing], 2);
+    // No broker answers there: the file's own checks pass, the broker's cannot be made.
+    let said = exits(
+        &[
+            "validate",
+            "topologies/orders.yaml",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--timeout",
+            "1s",
+        ],
+        2,
+    );
+    assert!(said.contains("could not be made"), "{said}");
 }
 
 #[test]

@@ -424,7 +424,7 @@ fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_en
                 "--instance-id",
                 "doc-0",
             ])
-            .args(["--metrics-addr", &addr, "--progress-secs", "0"])
+            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()

@@ -216,6 +216,13 @@ impl From<KafkaArgs> for crate::kafka::Cluster {
     }
 }
 
+/// The value of a duration flag: a number with its unit (`30s`, `500ms`, `1h 30m`; `0` alone
+/// is zero), as every duration on the command line is written.
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration like 30s, 500ms or 2m: {e}"))
+}
+
 fn parse_setting(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
@@ -263,6 +270,85 @@ mod tests {
     fn the_command_line_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    /// Every argument of every command, hidden ones included, says what it is for.
+    #[test]
+    fn every_argument_has_help() {
+        use clap::CommandFactory;
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path}: {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{path} {}: no about", sub.get_name()));
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let mut command = Cli::command();
+        command.build();
+        let mut missing = Vec::new();
+        walk(&command, "", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:#?}");
+        // The walk sees what it must: a command's flags, its subcommands' too.
+        let doctor = command
+            .find_subcommand("txn")
+            .and_then(|t| t.find_subcommand("doctor"))
+            .expect("txn doctor");
+        assert!(doctor.get_arguments().any(|a| a.get_id() == "older_than"));
+    }
+
+    fn parses(line: &str) -> bool {
+        Cli::try_parse_from(line.split_whitespace()).is_ok()
+    }
+
+    /// The former spellings of renamed flags still parse, hidden from --help.
+    #[test]
+    fn former_spellings_still_parse() {
+        for line in [
+            "onceflow validate t.yaml --broker k:9092",
+            "onceflow validate t.yaml --bootstrap-servers k:9092",
+            "onceflow reconcile t.yaml --bootstrap-servers k --marker-timeout-ms 3000",
+            "onceflow reconcile t.yaml --bootstrap-servers k --marker-timeout 3s",
+            "onceflow run t.yaml --progress-secs 0 --statistics-secs 5",
+            "onceflow run t.yaml --progress-interval 0 --statistics-interval 500ms",
+            "onceflow probe --addr 127.0.0.1:9090",
+            "onceflow probe --metrics-addr 127.0.0.1:9090",
+        ] {
+            assert!(parses(line), "{line}");
+        }
+        for wrong in [
+            // Both spellings at once, or a duration without its unit.
+            "onceflow reconcile t.yaml --bootstrap-servers k --marker-timeout 3s --marker-timeout-ms 5",
+            "onceflow reconcile t.yaml --bootstrap-servers k --marker-timeout 3000",
+            "onceflow run t.yaml --progress-interval 10",
+            "onceflow txn doctor --bootstrap-servers k --older-than 60",
+        ] {
+            assert!(!parses(wrong), "{wrong}");
+        }
+        use clap::CommandFactory;
+        let mut help = Vec::new();
+        Cli::command()
+            .find_subcommand_mut("reconcile")
+            .expect("reconcile")
+            .write_long_help(&mut help)
+            .expect("help");
+        let help = String::from_utf8_lossy(&help);
+        assert!(help.contains("--marker-timeout <DURATION>"), "{help}");
+        assert!(!help.contains("--marker-timeout-ms"), "{help}");
+    }
+
+    #[test]
+    fn durations_name_their_unit() {
+        assert_eq!(duration("1m 30s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(duration("0"), Ok(std::time::Duration::ZERO));
+        let e = duration("30000").unwrap_err();
+        assert!(e.contains("30000ms"), "{e}");
     }
 
     #[test]

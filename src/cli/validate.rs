@@ -13,12 +13,17 @@ pub struct ValidateArgs {
     /// Topology files.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// Also check against this broker: its transaction.max.timeout.ms allows the
-    /// topology's transaction timeout, and the topics exist.
-    #[arg(long)]
-    broker: Option<String>,
+    /// Also check against these brokers: their transaction.max.timeout.ms allows the
+    /// topology's transaction timeout, and the topics exist (and, with a schema registry,
+    /// that it takes the outputs' schemas).
+    #[arg(long, alias = "broker", value_name = "SERVERS")]
+    bootstrap_servers: Option<String>,
+    /// With --bootstrap-servers: the network timeout of each request to the brokers, e.g.
+    /// 10s.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::duration)]
+    timeout: Duration,
     /// Do not require the environment: unset variables expand to their default or to
-    /// an empty string instead of being errors.
+    /// their own name instead of being errors.
     #[arg(long)]
     no_env: bool,
     /// Also connect to the database of an outbox input (the URL in its `url_env`) and check
@@ -40,13 +45,13 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<Status> {
     for file in &args.files {
         let checked = load::load(file, strictness);
         let mut diagnostics = checked.diagnostics;
-        if let (Some(bootstrap), Some(topology)) = (&args.broker, &checked.topology) {
+        if let (Some(bootstrap), Some(topology)) = (&args.bootstrap_servers, &checked.topology) {
             diagnostics.extend(validate::check_broker(
                 topology,
                 bootstrap,
                 &file.display().to_string(),
                 &checked.lines,
-                Duration::from_secs(10),
+                args.timeout,
             ));
         }
         if let (true, Some(topology)) = (args.database, &checked.topology) {
