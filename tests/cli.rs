@@ -1,6 +1,7 @@
 //! The command line as a person or a script meets it, without a broker: the exit statuses of
-//! the checks (0 nothing wrong, 1 a problem found, 2 could not check or asked wrongly) and the
-//! committed topology schema as `onceflow schema` prints it.
+//! the checks (0 nothing wrong, 1 a problem found, 2 could not check or asked wrongly), the
+//! committed topology schema as `onceflow schema` prints it, the completion scripts and the
+//! manual pages.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -84,6 +85,8 @@ fn usage_errors_exit_2() {
         ],
         2,
     );
+    exits(&["man", "nosuchcommand"], 2);
+    exits(&["completions", "tcsh"], 2);
     exits(&["--help"], 0);
 }
 
@@ -132,4 +135,39 @@ fn the_committed_schema_is_what_onceflow_schema_prints() {
         "https://json-schema.org/draft/2020-12/schema"
     );
     assert_eq!(schema["additionalProperties"], false);
+}
+
+#[test]
+fn completions_for_every_shell_name_the_commands() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = onceflow(&["completions", shell]);
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = stdout(&out);
+        for word in ["validate", "reconcile", "doctor", "--bootstrap-servers"] {
+            assert!(script.contains(word), "{shell}: no `{word}` in\n{script}");
+        }
+    }
+}
+
+#[test]
+fn the_manual_pages_are_roff_naming_the_commands() {
+    let out = onceflow(&["man"]);
+    assert!(out.status.success(), "{out:?}");
+    let page = stdout(&out);
+    assert!(page.contains(".TH onceflow 1"), "{page}");
+    for command in ["run", "validate", "reconcile", "txn", "schema"] {
+        assert!(
+            page.contains(&format!("onceflow\\-{command}(1)")),
+            "no onceflow-{command}(1) in\n{page}"
+        );
+    }
+    let out = onceflow(&["man", "txn", "doctor"]);
+    assert!(out.status.success(), "{out:?}");
+    let page = stdout(&out);
+    assert!(page.contains(".TH onceflow-txn-doctor 1"), "{page}");
+    assert!(page.contains("\\-\\-older\\-than"), "{page}");
+    // A former spelling, still understood, is not taught.
+    let page = stdout(&onceflow(&["man", "reconcile"]));
+    assert!(page.contains("\\-\\-marker\\-timeout"), "{page}");
+    assert!(!page.contains("timeout\\-ms"), "{page}");
 }

@@ -1,8 +1,10 @@
 //! The command line: one file per command. `main.rs` only parses the arguments and calls
 //! [`main`]; each command turns its arguments into calls of the library and an exit status.
 
+mod completions;
 mod deploy;
 mod dlq;
+mod man;
 mod probe;
 mod reconcile;
 mod run;
@@ -74,6 +76,12 @@ enum Command {
     /// Print the JSON Schema of topology files (the file docs/topology.schema.json), for
     /// editors and validators. It accepts a `${VAR}` reference wherever a value may be written.
     Schema,
+    /// Print a completion script for a shell, e.g. `onceflow completions bash >
+    /// /etc/bash_completion.d/onceflow`.
+    Completions(completions::CompletionsArgs),
+    /// Print the manual page (roff) of onceflow or of one of its commands, e.g. `onceflow man
+    /// txn doctor | man -l -`.
+    Man(man::ManArgs),
 }
 
 impl Cli {
@@ -138,9 +146,12 @@ pub fn main(cli: Cli) -> ExitCode {
         // `run` lets them through once its handlers are installed (Supervisor::start).
         crate::supervise::release_stop_signals();
     }
-    // An error of a check means it could not be made; of another command, that it failed.
+    // An error of a check means it could not be made, of `man` that it was asked for a
+    // command there is not; of another command, that it failed.
     let failed = match cli.command {
-        Command::Validate(_) | Command::Reconcile(_) | Command::Txn { .. } => Status::Unchecked,
+        Command::Validate(_) | Command::Reconcile(_) | Command::Txn { .. } | Command::Man(_) => {
+            Status::Unchecked
+        }
         _ => Status::Problems,
     };
     let result = match cli.command {
@@ -153,6 +164,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Probe(args) => probe::run(&args).map(Status::of),
         Command::Reconcile(args) => reconcile::run(args).map(Status::of),
         Command::Schema => schema::run().map(Status::of),
+        Command::Completions(args) => completions::run(&args).map(Status::of),
+        Command::Man(args) => man::run(&args).map(Status::of),
     };
     let status = result.unwrap_or_else(|e| {
         eprintln!("error: {}", chain(&e));
