@@ -42,7 +42,7 @@ ENV ONCEFLOW_METRICS_ADDR=0.0.0.0:9090
 EXPOSE 9090
 # SIGTERM commits the transaction in flight, then stops (a second one stops at once).
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["onceflow", "probe", "--addr", "127.0.0.1:9090", "--path", "/healthz"]
+HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["onceflow", "probe", "--metrics-addr", "127.0.0.1:9090", "--path", "/healthz"]
 # The instance id must be stable across restarts: set ONCEFLOW_INSTANCE_ID (the pod name).
 ENTRYPOINT ["onceflow"]
 CMD ["run", "/etc/onceflow/topologies/quickstart.yaml"]

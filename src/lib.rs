@@ -12,8 +12,8 @@
 //! * [`record`]: the [`record::Record`] that flows through it all, its
 //!   [`record::Origin`], and the [`record::RecordError`] that reaches the engine.
 //! * [`topology`]: the YAML model of a job and its checks (every problem at once, each with
-//!   its field path), and the names the model defines (the message-id header, an outbox's
-//!   origin topic). [`load`]: the one loader every command calls (environment, parsing,
+//!   its field path), the names the model defines (the message-id header, an outbox's
+//!   origin topic), and the JSON Schema of the file made from it. [`load`]: the one loader every command calls (environment, parsing,
 //!   checks, the compiled pipeline).
 //! * [`job`]: which loop runs a topology: the relay for an outbox table, the engine
 //!   otherwise. [`instance`]: one running instance, whichever loop runs it (its identity,

@@ -31,6 +31,30 @@ pub struct Diagnostic {
     pub path: String,
     /// What is wrong and what to do.
     pub message: String,
+    /// The check could not be made (the file cannot be read; a broker, registry or database
+    /// did not answer): no verdict on what it concerns, rather than a problem of it.
+    pub unchecked: bool,
+}
+
+impl Diagnostic {
+    /// A problem found at `path` of `file`.
+    pub fn problem(file: &str, line: Option<usize>, path: String, message: String) -> Diagnostic {
+        Diagnostic {
+            file: file.to_string(),
+            line,
+            path,
+            message,
+            unchecked: false,
+        }
+    }
+
+    /// This diagnostic as a check that could not be made.
+    pub fn unchecked(self) -> Diagnostic {
+        Diagnostic {
+            unchecked: true,
+            ..self
+        }
+    }
 }
 
 impl std::fmt::Display for Diagnostic {
@@ -73,12 +97,10 @@ pub fn load(path: &Path, strictness: Strictness) -> Checked {
     match std::fs::read_to_string(path) {
         Ok(text) => load_text(&text, &file, &|n| std::env::var(n).ok(), strictness),
         Err(e) => Checked {
-            diagnostics: vec![Diagnostic {
-                file,
-                line: None,
-                path: String::new(),
-                message: format!("cannot read: {e}"),
-            }],
+            diagnostics: vec![
+                Diagnostic::problem(&file, None, String::new(), format!("cannot read: {e}"))
+                    .unchecked(),
+            ],
             ..Checked::default()
         },
     }
@@ -96,14 +118,14 @@ pub fn load_text(
     let raw_lines = LineMap::build(text);
     let (text, env_issues) = env::interpolate(text, lookup, strictness);
     for issue in env_issues {
-        diagnostics.push(Diagnostic {
-            file: file.to_string(),
-            line: Some(issue.line),
-            path: raw_lines
+        diagnostics.push(Diagnostic::problem(
+            file,
+            Some(issue.line),
+            raw_lines
                 .path_at(issue.line, issue.column)
                 .unwrap_or_default(),
-            message: issue.message,
-        });
+            issue.message,
+        ));
     }
     let lines = LineMap::build(&text);
     let mut parsed = parse::parse(&text);
@@ -114,19 +136,18 @@ pub fn load_text(
         t.dir = Path::new(file).parent().map(Path::to_path_buf);
     }
     for p in &parsed.problems {
-        diagnostics.push(Diagnostic {
-            file: file.to_string(),
+        diagnostics.push(Diagnostic::problem(
+            file,
             // A field missing from the document is placed at its start.
-            line: p
-                .line
+            p.line
                 .or_else(|| lines.line_of(&p.path))
                 .or_else(|| document_start(&text)),
-            path: match (p.line, p.column) {
+            match (p.line, p.column) {
                 (Some(l), Some(c)) => lines.path_at(l, c).unwrap_or_default(),
                 _ => p.path.clone(),
             },
-            message: p.message.clone(),
-        });
+            p.message.clone(),
+        ));
     }
     let Some(topology) = parsed.topology.as_ref() else {
         return Checked {
@@ -158,12 +179,12 @@ pub fn load_text(
         }
     };
     for issue in issues {
-        diagnostics.push(Diagnostic {
-            file: file.to_string(),
-            line: lines.line_of(&issue.path),
-            path: issue.path,
-            message: issue.message,
-        });
+        diagnostics.push(Diagnostic::problem(
+            file,
+            lines.line_of(&issue.path),
+            issue.path,
+            issue.message,
+        ));
     }
     diagnostics.sort_by_key(|d| d.line.unwrap_or(usize::MAX));
     // A topology repaired for checking is never one to run (nor to check against a broker).

@@ -16,7 +16,8 @@ use crate::topology::{PROTECTED_CLIENT_SETTINGS, StoreSource, Target, Topology};
 
 /// Checks `topology` against a running broker: `transaction.max.timeout.ms` must allow the
 /// topology's transaction timeout, and every input and output topic must exist. Every
-/// problem is returned, located with `lines`.
+/// problem is returned, located with `lines`; what could not be asked (no answer from the
+/// broker or the registry) is returned [unchecked](Diagnostic::unchecked).
 pub fn check_broker(
     topology: &Topology,
     bootstrap: &str,
@@ -38,22 +39,28 @@ pub fn check_broker(
     let admin = match Admin::new(&cluster) {
         Ok(a) => a,
         Err(e) => {
-            return vec![at.diag(
-                "",
-                format!("cannot create a client for {bootstrap}: {}", cause(&e)),
-            )];
+            return vec![
+                at.diag(
+                    "",
+                    format!("cannot create a client for {bootstrap}: {}", cause(&e)),
+                )
+                .unchecked(),
+            ];
         }
     };
     let metadata = match admin.metadata(timeout) {
         Ok(m) => m,
         Err(e) => {
-            return vec![at.diag(
-                "",
-                format!(
-                    "cannot read the cluster metadata from {bootstrap}: {}",
-                    cause(&e)
-                ),
-            )];
+            return vec![
+                at.diag(
+                    "",
+                    format!(
+                        "cannot read the cluster metadata from {bootstrap}: {}",
+                        cause(&e)
+                    ),
+                )
+                .unchecked(),
+            ];
         }
     };
     let mut out = missing_topics(topology, &metadata.topics, bootstrap, &at);
@@ -78,10 +85,10 @@ fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
     };
     let registry = match crate::codec::Registry::connect(config) {
         Ok(r) => r,
-        Err(e) => return vec![at.diag("schema_registry.url", e)],
+        Err(e) => return vec![at.diag("schema_registry.url", e).unchecked()],
     };
     if let Err(e) = registry.ping() {
-        return vec![at.diag("schema_registry.url", e)];
+        return vec![at.diag("schema_registry.url", e).unchecked()];
     }
     let mut out = Vec::new();
     for o in 0..topology.outputs.len() {
@@ -90,21 +97,25 @@ fn check_registry(topology: &Topology, at: &Locator<'_>) -> Vec<Diagnostic> {
             let Some(Ok(schema)) = crate::codec::output_schema(topology, o, key) else {
                 continue;
             };
-            if let Some(problem) = subject_problem(&registry, &schema) {
-                out.push(at.diag(&format!("outputs[{o}].{}", schema.field), problem));
+            let path = format!("outputs[{o}].{}", schema.field);
+            match subject_problem(&registry, &schema) {
+                Ok(None) => {}
+                Ok(Some(problem)) => out.push(at.diag(&path, problem)),
+                Err(e) => out.push(at.diag(&path, e).unchecked()),
             }
         }
     }
     out
 }
 
-/// What is wrong with writing `schema` under its subject, if anything.
+/// What is wrong with writing `schema` under its subject, if anything; `Err` when the
+/// registry could not be asked.
 fn subject_problem(
     registry: &crate::codec::Registry,
     schema: &crate::codec::OutputSchema,
-) -> Option<String> {
+) -> Result<Option<String>, String> {
     let subject = &schema.subject;
-    let verdict = if schema.auto_register {
+    if schema.auto_register {
         registry
             .is_compatible_schema(subject, &schema.registered)
             .map(|ok| {
@@ -119,8 +130,7 @@ fn subject_problem(
         registry
             .lookup_schema(subject, &schema.registered)
             .map(|found| found.err())
-    };
-    verdict.unwrap_or_else(Some)
+    }
 }
 
 /// Places a broker check's problems in the file.
@@ -131,12 +141,12 @@ struct Locator<'a> {
 
 impl Locator<'_> {
     fn diag(&self, path: &str, message: String) -> Diagnostic {
-        Diagnostic {
-            file: self.file.to_string(),
-            line: self.lines.line_of(path),
-            path: path.to_string(),
+        Diagnostic::problem(
+            self.file,
+            self.lines.line_of(path),
+            path.to_string(),
             message,
-        }
+        )
     }
 }
 
@@ -239,7 +249,10 @@ fn transaction_timeout_ceilings(
     for &broker in brokers {
         let ceiling = match admin.broker_config(broker, KEY, timeout) {
             Err(AdminError::Runtime(e)) => {
-                out.push(at.diag(path, format!("cannot start an async runtime: {e}")));
+                out.push(
+                    at.diag(path, format!("cannot start an async runtime: {e}"))
+                        .unchecked(),
+                );
                 return out;
             }
             Err(e) => Err(cause(&e)),
@@ -255,10 +268,9 @@ fn transaction_timeout_ceilings(
                 ),
             )),
             Ok(_) => {}
-            Err(e) => out.push(at.diag(
-                path,
-                format!("cannot read {KEY} of broker {broker}: {e}"),
-            )),
+            Err(e) => out.push(
+                at.diag(path, format!("cannot read {KEY} of broker {broker}: {e}")).unchecked(),
+            ),
         }
     }
     out

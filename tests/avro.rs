@@ -7,7 +7,7 @@
 //! * The registry going away while records need a schema the job has not seen: the partition
 //!   is held, nothing is dead-lettered, and everything flows once it is back.
 //! * An output schema the registry refuses: the job stops at start with the registry's
-//!   words, and `onceflow validate --broker` says so first.
+//!   words, and `onceflow validate --bootstrap-servers` says so first.
 
 mod common;
 

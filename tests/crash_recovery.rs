@@ -333,7 +333,7 @@ fn spawn_with_summary(s: &Setup, instance: &str, summary: &std::path::Path) -> K
                 "--instance-id",
                 instance,
             ])
-            .args(["--progress-secs", "0", "--summary-json"])
+            .args(["--progress-interval", "0", "--summary-json"])
             .arg(summary)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

@@ -155,7 +155,7 @@ fn a_job_over_tls_is_exactly_once_and_dlq_commands_take_client_settings() {
             .arg("run")
             .arg(&topology)
             .args(["--bootstrap-servers", &tls_bootstrap])
-            .args(["--instance-id", "tls-0", "--progress-secs", "0"])
+            .args(["--instance-id", "tls-0", "--progress-interval", "0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()

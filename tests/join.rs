@@ -207,7 +207,7 @@ fn orders_join_both_tables_through_updates_and_a_sigkill() {
 }
 
 /// A co-partitioned table with another partition count than the input is refused by
-/// `validate --broker` and by the job, naming both counts and the way out.
+/// `validate --bootstrap-servers` and by the job, naming both counts and the way out.
 #[test]
 fn a_co_partitioned_table_with_another_partition_count_is_refused() {
     let (input, table, output) = (unique("joinp-in"), unique("joinp-t"), unique("joinp-out"));
@@ -221,7 +221,7 @@ fn a_co_partitioned_table_with_another_partition_count_is_refused() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .arg("validate")
         .arg(&topology)
-        .args(["--broker", &bootstrap()])
+        .args(["--bootstrap-servers", &bootstrap()])
         .output()
         .expect("run validate");
     let said = format!(

@@ -51,9 +51,9 @@ fn metrics_equal_what_happened() {
             .args([
                 "--metrics-addr",
                 &addr,
-                "--statistics-secs",
-                "1",
-                "--progress-secs",
+                "--statistics-interval",
+                "1s",
+                "--progress-interval",
                 "0",
             ])
             .env("ONCEFLOW_FAILPOINT_ABORT_EVERY", "4")

@@ -113,7 +113,7 @@ fn spawn_onceflow(topology: &Path, instance: &str, log: &Path, env: &[(&str, &st
             "--instance-id",
             instance,
         ])
-        .args(["--progress-secs", "0"])
+        .args(["--progress-interval", "0"])
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")

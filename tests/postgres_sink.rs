@@ -99,7 +99,7 @@ impl Child {
             .arg("run")
             .arg(&job.topology)
             .args(["--bootstrap-servers", &bootstrap()])
-            .args(["--instance-id", "pg-0", "--progress-secs", "0"])
+            .args(["--instance-id", "pg-0", "--progress-interval", "0"])
             .args(args)
             .env(
                 "RUST_LOG",

@@ -525,7 +525,7 @@ fn a_transaction_left_open_on_an_output_is_reported_hanging() {
         .expect("send");
     producer.flush(Duration::from_secs(30)).expect("flush");
 
-    let (output, report) = reconcile(&f, &["--marker-timeout-ms", "3000"]);
+    let (output, report) = reconcile(&f, &["--marker-timeout", "3s"]);
     assert!(
         !output.status.success(),
         "a hanging transaction must fail: {report:#}"

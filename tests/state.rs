@@ -217,7 +217,7 @@ fn counts_stay_exact_while_instances_leave_and_join() {
 }
 
 /// A changelog whose partition count is not the input's would put a partition's state where
-/// another partition's is restored from: `validate --broker` names it, and the job refuses to
+/// another partition's is restored from: `validate --bootstrap-servers` names it, and the job refuses to
 /// start.
 #[test]
 fn a_changelog_with_another_partition_count_is_refused() {
@@ -226,7 +226,7 @@ fn a_changelog_with_another_partition_count_is_refused() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .arg("validate")
         .arg(&s.topology)
-        .args(["--broker", &bootstrap()])
+        .args(["--bootstrap-servers", &bootstrap()])
         .output()
         .expect("run validate");
     let said = format!(

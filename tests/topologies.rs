@@ -372,7 +372,7 @@ fn validate_with_a_broker_checks_topics_and_the_transaction_timeout_ceiling() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
         .arg("validate")
         .arg(&file)
-        .args(["--broker", &bootstrap()])
+        .args(["--bootstrap-servers", &bootstrap()])
         .output()
         .expect("run validate");
     assert!(

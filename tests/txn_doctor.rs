@@ -296,9 +296,9 @@ fn a_killed_foreign_producer_hangs_its_partition_until_the_doctor_aborts_it() {
         "{text}"
     );
 
-    // Without --yes, and without a terminal to ask on, nothing is done.
+    // Without --yes, and without a terminal to ask on, nothing is done: asked wrongly.
     let unconfirmed = doctor(&["--topic", &topic, "--older-than", "1s", "--abort"]);
-    assert_eq!(unconfirmed.status.code(), Some(1));
+    assert_eq!(unconfirmed.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("--yes"));
 
     // Cured: the doctor fences the id at its coordinator and then reports healthy.
@@ -424,7 +424,7 @@ fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_en
                 "--instance-id",
                 "doc-0",
             ])
-            .args(["--metrics-addr", &addr, "--progress-secs", "0"])
+            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()

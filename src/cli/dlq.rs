@@ -22,9 +22,11 @@ pub enum DlqCommand {
         /// (its Confluent-compatible API root), shown as the JSON documents expressions see.
         #[arg(long, env = "ONCEFLOW_SCHEMA_REGISTRY_URL")]
         schema_registry: Option<String>,
-        /// Basic authentication for the registry.
+        /// The user name of the registry's basic authentication.
         #[arg(long, env = "ONCEFLOW_SCHEMA_REGISTRY_USER")]
         registry_user: Option<String>,
+        /// The password of the registry's basic authentication (better from the environment
+        /// than on the command line, where other users of the machine can see it).
         #[arg(
             long,
             env = "ONCEFLOW_SCHEMA_REGISTRY_PASSWORD",

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct ProbeArgs {
-    /// The job's metrics address.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    addr: SocketAddr,
+    /// The job's metrics address (its `run --metrics-addr`).
+    #[arg(long, alias = "addr", default_value = "127.0.0.1:9090")]
+    metrics_addr: SocketAddr,
     /// The path to ask.
     #[arg(long, default_value = "/healthz")]
     path: String,
@@ -17,13 +17,13 @@ pub struct ProbeArgs {
 
 pub fn run(args: &ProbeArgs) -> anyhow::Result<bool> {
     let timeout = Duration::from_secs(2);
-    let mut stream = TcpStream::connect_timeout(&args.addr, timeout)?;
+    let mut stream = TcpStream::connect_timeout(&args.metrics_addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
         "GET {} HTTP/1.0\r\nHost: {}\r\n\r\n",
-        args.path, args.addr
+        args.path, args.metrics_addr
     )?;
     let mut head = [0u8; 32];
     let n = stream.read(&mut head)?;
@@ -32,7 +32,7 @@ pub fn run(args: &ProbeArgs) -> anyhow::Result<bool> {
     if !ok {
         eprintln!(
             "{}{}: {}",
-            args.addr,
+            args.metrics_addr,
             args.path,
             line.lines().next().unwrap_or("no answer")
         );

@@ -1,5 +1,6 @@
 //! `onceflow reconcile <topology>`: what a finished or paused run consumed against what it
-//! wrote, per input partition; exit 0 only when nothing is missing, duplicated or hanging.
+//! wrote, per input partition; exit 0 when nothing is missing, duplicated or hanging, 1 when
+//! something is, 2 when it could not look.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,9 +22,17 @@ pub struct ReconcileArgs {
     /// Do not write the markers that prove no transaction hangs on an output partition.
     #[arg(long)]
     no_markers: bool,
-    /// How long a marker may take to become visible under read_committed.
-    #[arg(long, default_value_t = 30_000)]
-    marker_timeout_ms: u64,
+    /// How long a marker may take to become visible under read_committed, e.g. 30s, 2m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::duration)]
+    marker_timeout: Duration,
+    /// The same in milliseconds (the former spelling).
+    #[arg(
+        long,
+        hide = true,
+        value_name = "MS",
+        conflicts_with = "marker_timeout"
+    )]
+    marker_timeout_ms: Option<u64>,
     /// Re-run the pipeline over every input record. By default, where the topology makes at
     /// most one record of each on its one output (no route, no explode), a record found there
     /// or in the dead-letter topic is decided by that trace, and only records that left none
@@ -37,7 +46,9 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<bool> {
     let (topology, _) = super::load(&args.topology)?;
     let options = Options {
         markers: !args.no_markers,
-        marker_timeout: Duration::from_millis(args.marker_timeout_ms),
+        marker_timeout: args
+            .marker_timeout_ms
+            .map_or(args.marker_timeout, Duration::from_millis),
         rerun_all: args.rerun_all,
         ..Options::default()
     };

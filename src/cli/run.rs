@@ -37,16 +37,33 @@ pub struct RunArgs {
     /// Stop once this many consumed records are committed.
     #[arg(long)]
     stop_after_records: Option<u64>,
-    /// Log a progress line this often (seconds; 0 turns it off).
-    #[arg(long, default_value_t = 10)]
-    progress_secs: u64,
+    /// Log a progress line this often, e.g. 10s, 1m (0 turns it off).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::duration)]
+    progress_interval: Duration,
+    /// The same in seconds (the former spelling).
+    #[arg(
+        long,
+        hide = true,
+        value_name = "SECS",
+        conflicts_with = "progress_interval"
+    )]
+    progress_secs: Option<u64>,
     /// Serve /metrics (Prometheus), /healthz and /readyz on this address, e.g.
     /// 0.0.0.0:9090. Without it no metric is recorded.
     #[arg(long, env = "ONCEFLOW_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
-    /// With --metrics-addr: how often librdkafka statistics (lag, rtt, queues) refresh.
-    #[arg(long, default_value_t = 5)]
-    statistics_secs: u64,
+    /// With --metrics-addr: how often librdkafka statistics (lag, rtt, queues) refresh, e.g.
+    /// 5s (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = super::duration)]
+    statistics_interval: Duration,
+    /// The same in seconds (the former spelling).
+    #[arg(
+        long,
+        hide = true,
+        value_name = "SECS",
+        conflicts_with = "statistics_interval"
+    )]
+    statistics_secs: Option<u64>,
     /// When the job ends, write what it did as JSON to this file: committed counts and
     /// commit durations (`commit_us`: `[[µs, count], ...]`), and the same step by step
     /// (`commit_steps_us`: `deliveries`, `offsets`, `end`).
@@ -64,15 +81,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let (topology, _) = super::load(&args.topology)?;
     let options = RunOptions {
         health: Arc::new(Health::default()),
-        statistics_every: args
-            .metrics_addr
-            .map(|_| Duration::from_secs(args.statistics_secs.max(1))),
+        statistics_every: args.metrics_addr.map(|_| {
+            let every = args
+                .statistics_secs
+                .map_or(args.statistics_interval, Duration::from_secs);
+            every.max(Duration::from_secs(1))
+        }),
         stop_after_records: args.stop_after_records,
         transient_failures: failpoints.transient_failures,
         abort_every: failpoints.abort_every,
         exit_after_db_commit: failpoints.exit_after_db_commit,
         exit_after_kafka_commit: failpoints.exit_after_kafka_commit,
-        progress_every: (args.progress_secs > 0).then(|| Duration::from_secs(args.progress_secs)),
+        progress_every: Some(
+            args.progress_secs
+                .map_or(args.progress_interval, Duration::from_secs),
+        )
+        .filter(|every| !every.is_zero()),
     };
     let bootstrap = args
         .bootstrap_servers

@@ -19,7 +19,8 @@ use crate::topology::env::Strictness;
 pub enum TxnCommand {
     /// List open transactions, which of them hang, and the partitions they hold back (last
     /// stable offset below the high watermark). Exit status 0 when nothing hangs, 1 when
-    /// something does. With --abort, end the hanging ones and check again.
+    /// something does, 2 when it could not look. With --abort, end the hanging ones and check
+    /// again.
     Doctor(DoctorArgs),
 }
 
@@ -33,8 +34,8 @@ pub struct DoctorArgs {
     topics: Vec<String>,
     #[command(flatten)]
     kafka: KafkaArgs,
-    /// A transaction open longer than this hangs (e.g. 90s, 15m).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    /// A transaction open longer than this hangs, e.g. 90s, 15m.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = super::duration)]
     older_than: Duration,
     /// End the hanging transactions, after confirmation: a transactional id its coordinator
     /// knows is fenced there (its open transaction is aborted; a live producer with that id
@@ -50,8 +51,8 @@ pub struct DoctorArgs {
     /// Show every partition examined, not only those held back.
     #[arg(long)]
     all: bool,
-    /// Network timeout of each request, and how long an abort may take to clear.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    /// Network timeout of each request, and how long an abort may take to clear, e.g. 30s.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::duration)]
     timeout: Duration,
 }
 

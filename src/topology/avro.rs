@@ -3,20 +3,23 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use super::ConfigIssue;
 
 /// A Confluent-compatible schema registry (`url` ends with the API root: for Apicurio,
 /// `.../apis/ccompat/v7`). Values may use `${VAR}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SchemaRegistry {
+    /// The registry's Confluent-compatible API root, `http://` or `https://`.
     pub url: String,
-    /// Basic authentication.
+    /// The user name of basic authentication.
     #[serde(default)]
     pub username: Option<String>,
+    /// The password of basic authentication (e.g. `${REGISTRY_PASSWORD}`).
     #[serde(default)]
     pub password: Option<String>,
     /// Timeout of one registry call.
@@ -30,7 +33,7 @@ fn default_timeout_ms() -> u64 {
 
 /// A schema given in the topology: inline (a mapping, or its JSON text) or in a file, relative
 /// to the topology file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SchemaSource {
     #[serde(default)]
@@ -66,13 +69,14 @@ impl SchemaSource {
 }
 
 /// An Avro input's settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AvroInput {
     /// The schema records are read as: each is resolved from the schema it was written with
     /// (by the id it carries) to this one. Default: read as written.
     #[serde(default)]
     pub reader_schema: Option<Json>,
+    /// The reader schema in a file (`.avsc`), relative to the topology, instead of inline.
     #[serde(default)]
     pub reader_schema_file: Option<String>,
 }
@@ -87,7 +91,7 @@ impl AvroInput {
 }
 
 /// How an output's subject is named.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SubjectStrategy {
     /// `<topic>-value` (`<topic>-key` for keys).
@@ -119,14 +123,17 @@ impl SubjectStrategy {
 }
 
 /// An Avro output's settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AvroOutput {
     /// The schema records are written with (inline, or `schema_file`): required.
     #[serde(default)]
     pub schema: Option<Json>,
+    /// The schema in a file (`.avsc`), relative to the topology, instead of inline.
     #[serde(default)]
     pub schema_file: Option<String>,
+    /// How the subject is named: `topic_name` (default, `<topic>-value`), `record_name` or
+    /// `topic_record_name`.
     #[serde(default)]
     pub subject_strategy: SubjectStrategy,
     /// Register the schema under its subject at start (default). `false`: the subject must

@@ -6,13 +6,14 @@
 use std::collections::BTreeMap;
 
 use reqwest::header::{HeaderName, HeaderValue};
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::ConfigIssue;
 pub use super::postgres::EventId;
 
 /// Calls an HTTP endpoint for every record; the endpoint must honour idempotency keys.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpOutput {
     /// The endpoint, `http://` or `https://`. A template over the record: `{key}` is the
@@ -51,7 +52,7 @@ pub struct HttpOutput {
 }
 
 /// Where an `http` output remembers the keys it delivered.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Dedup {
     /// In the inbox table of the PostgreSQL outputs: after a 2xx, the key is recorded there
@@ -61,7 +62,7 @@ pub enum Dedup {
 }
 
 /// The inbox a `dedup: {postgres: ...}` records delivered keys in.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DedupPostgres {
     /// Name of the environment variable that holds the connection URL, as for `postgres`

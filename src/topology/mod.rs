@@ -5,6 +5,7 @@
 //! The language is described in `docs/topology.md`.
 //!
 //! * [`env`](mod@env): `${VAR}` interpolation of the text, before parsing;
+//! * [`file_schema`]: the JSON Schema of the file (`onceflow schema`), from these types;
 //! * [`lines`]: the line number of every field path, for messages;
 //! * [`parse`]: parsing that goes on past a problem, to report every one;
 //! * [`processor`]: the processors of a pipeline, as written in the file;
@@ -19,6 +20,7 @@
 //! [`crate::transform::Pipeline::compile`]; [`crate::load`] puts both together.
 
 pub mod env;
+pub mod file_schema;
 pub mod lines;
 pub mod parse;
 pub mod processor;
@@ -30,7 +32,8 @@ pub mod time;
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 pub use processor::{ExplodeConfig, Processor, RouteConfig, RouteMode, RouteRule, SetHeaderConfig};
 pub use runtime::{GroupProtocol, Guarantee, OnError, OnExhausted, Runtime, StateStore};
@@ -80,7 +83,7 @@ pub const PROTECTED_CLIENT_SETTINGS: &[&str] = &[
 pub const MESSAGE_ID_HEADER: &str = "message-id";
 
 /// One stream job: inputs, an ordered pipeline of processors, and outputs.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
     /// Name of the job; part of the consumer group id and of the transactional id, so it must
@@ -117,7 +120,7 @@ pub struct Topology {
 }
 
 /// The dead-letter topic, written in the same transaction as the outputs.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetter {
     /// Topic name. Default: `<name>.dlq`.
@@ -126,7 +129,7 @@ pub struct DeadLetter {
 }
 
 /// A consumed topic, or an outbox table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(try_from = "InputFile")]
 pub struct Input {
     /// Topic name (empty for a `postgres_outbox` input: exactly one of the two is given).
@@ -160,19 +163,29 @@ impl Input {
 }
 
 /// An input as the file gives it: a `topic` is required unless a `postgres_outbox` is given.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [{"required": ["topic"]}, {"required": ["postgres_outbox"]}]))]
 struct InputFile {
+    /// The topic consumed. Exactly one of `topic` and `postgres_outbox`.
     #[serde(default)]
     topic: Option<String>,
+    /// A PostgreSQL outbox table relayed to Kafka; the only input of its topology.
     #[serde(default)]
     postgres_outbox: Option<OutboxInput>,
+    /// How record values are decoded: `raw` (default), `json`, `avro`, `protobuf` or
+    /// `json_schema`.
     #[serde(default)]
     codec: Codec,
+    /// The reader schema of an `avro` input.
     #[serde(default)]
     avro: Option<AvroInput>,
+    /// How record keys are decoded for expressions (`key`): `raw` (default: bytes), `json` or
+    /// `avro` (the key's writer schema from the registry).
     #[serde(default)]
     key_codec: Codec,
+    /// The header whose value is a consumed record's event id (written to its outputs and
+    /// dead letters as `onceflow.origin.id`).
     #[serde(default = "default_id_header")]
     id_header: String,
 }
@@ -197,7 +210,7 @@ impl TryFrom<InputFile> for Input {
 }
 
 /// How a record value is read or written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Codec {
     /// Bytes as they are. Expressions see the value as `bytes`.
@@ -240,7 +253,7 @@ impl Codec {
 }
 
 /// Where records go: exactly one of `topic`, `postgres` or `http`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Output {
     /// Name by which `route` refers to this output. Default: the topic name.
@@ -297,7 +310,7 @@ pub struct Output {
 }
 
 /// What happens to record headers on an output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HeaderPolicy {
     /// Write every header the record carries.
@@ -356,7 +369,7 @@ impl Output {
 }
 
 /// Kafka client settings. The bootstrap servers given on the command line win over the file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSettings {
     /// Comma-separated `host:port` list.

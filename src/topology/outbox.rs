@@ -3,13 +3,14 @@
 //! YAML section and its validation, and the origin "topic" its records carry
 //! ([`origin_topic`]).
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::ConfigIssue;
 use super::postgres::{is_env_name, is_table_name};
 
 /// Publishes the rows of an outbox table, each once, in the order of their ids per aggregate.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxInput {
     /// Name of the environment variable that holds the connection URL (TLS as the
@@ -51,13 +52,15 @@ pub struct OutboxInput {
 }
 
 /// Column names of the outbox table.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OutboxColumns {
     /// The event's id (uuid, bigint or text): the order of publication, and the `event-id`
     /// header.
     #[serde(default = "col_id")]
     pub id: String,
+    /// The aggregate's type: the topic of a row no `route` picks an output for
+    /// (`topic_prefix` and this).
     #[serde(default = "col_aggregatetype")]
     pub aggregatetype: String,
     /// The record's key.

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::ConfigIssue;
 
 /// Writes every record (a JSON object) as a row of a PostgreSQL table, once in effect.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostgresOutput {
     /// Name of the environment variable that holds the connection URL
@@ -68,7 +69,7 @@ pub struct PostgresOutput {
 
 /// What a `postgres` output does with a record whose sequence is not the next one of its id
 /// (the sequences between are missing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnSequenceGap {
     /// Apply it, count the missing sequences and log them with the id.
@@ -92,7 +93,7 @@ impl OnSequenceGap {
 }
 
 /// The identity of a message in the inbox, when it is not its Kafka coordinates.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum EventId {
     /// The value of this record header (UTF-8).

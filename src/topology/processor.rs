@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// One step of a pipeline.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Processor {
     /// Keeps the records for which this CEL predicate is true; drops the others.
@@ -78,7 +79,7 @@ impl Processor {
 }
 
 /// Where `route` sends records.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Rules tried in order.
@@ -92,7 +93,7 @@ pub struct RouteConfig {
 }
 
 /// One rule of `route`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteRule {
     /// CEL predicate.
@@ -102,7 +103,7 @@ pub struct RouteRule {
 }
 
 /// How many rules of a `route` may match.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RouteMode {
     /// The first matching rule decides.
@@ -113,7 +114,7 @@ pub enum RouteMode {
 }
 
 /// Settings of `explode`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExplodeConfig {
     /// Path of the array field. A record whose array is empty gives no record.
@@ -125,7 +126,7 @@ pub struct ExplodeConfig {
 }
 
 /// Settings of `set_header`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetHeaderConfig {
     /// Header name.

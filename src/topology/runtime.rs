@@ -1,11 +1,12 @@
 //! When a transaction commits, how long it may stay open, and what becomes of a record the
 //! pipeline fails on: the `runtime` section of a topology.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// What the job does with a record the pipeline cannot process (value not valid JSON, an
 /// expression failing on it: missing field, wrong type).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Write the record to the dead-letter topic, in the same transaction as the outputs and
@@ -20,7 +21,7 @@ pub enum OnError {
 }
 
 /// What happens to a record whose transient failure outlasts its attempts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnExhausted {
     /// Handle it as `on_error` says (by default: the dead-letter topic).
@@ -31,7 +32,7 @@ pub enum OnExhausted {
 }
 
 /// When a transaction commits, and how long it may stay open.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Runtime {
     /// Commit the open transaction after this many milliseconds.
@@ -107,7 +108,7 @@ pub struct Runtime {
 }
 
 /// Where stateful steps keep their committed state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StateStore {
     #[default]
@@ -116,7 +117,7 @@ pub enum StateStore {
 }
 
 /// The consumer group protocol of a job.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupProtocol {
     #[default]
@@ -125,7 +126,7 @@ pub enum GroupProtocol {
 }
 
 /// The delivery guarantee of a job.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Guarantee {
     #[default]

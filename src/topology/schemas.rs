@@ -5,18 +5,20 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
 use super::SubjectStrategy;
 
 /// A `protobuf` output's settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProtobufOutput {
     /// The `.proto` text records are written with (or `schema_file`): required.
     #[serde(default)]
     pub schema: Option<String>,
+    /// The `.proto` file, relative to the topology, instead of inline.
     #[serde(default)]
     pub schema_file: Option<String>,
     /// The message of the schema records are written as (its full name, or its name within
@@ -30,6 +32,8 @@ pub struct ProtobufOutput {
     /// (Confluent's default for references). `google/protobuf/*` are built in.
     #[serde(default)]
     pub imports: BTreeMap<String, String>,
+    /// How the subject is named: `topic_name` (default, `<topic>-value`), `record_name` (the
+    /// message's full name) or `topic_record_name`.
     #[serde(default)]
     pub subject_strategy: SubjectStrategy,
     /// Register the schema under its subject at start (default). `false`: the subject must
@@ -39,18 +43,22 @@ pub struct ProtobufOutput {
 }
 
 /// A `json_schema` output's settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JsonSchemaOutput {
     /// The JSON Schema values are checked against and registered with (inline: a mapping or
     /// its JSON text; or `schema_file`): required.
     #[serde(default)]
     pub schema: Option<Json>,
+    /// The schema in a file, relative to the topology, instead of inline.
     #[serde(default)]
     pub schema_file: Option<String>,
-    /// The record name strategies use the schema's `title`.
+    /// How the subject is named, as for Avro; the record name strategies use the schema's
+    /// `title`.
     #[serde(default)]
     pub subject_strategy: SubjectStrategy,
+    /// Register the schema under its subject at start (default). `false`: the subject must
+    /// have a version with this schema already.
     #[serde(default = "default_auto_register")]
     pub auto_register: bool,
 }

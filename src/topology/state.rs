@@ -4,14 +4,15 @@
 //! transaction; that of a `join` is a table read from a compacted topic, which is its own
 //! changelog ([`crate::state`]).
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use super::check::is_valid_name;
 use super::{Guarantee, Processor, Topology};
 
 /// Settings of `aggregate`: per record key, folds the records into a state value and hands
 /// the new state downstream.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AggregateConfig {
     /// The store's name, unique in the topology; its changelog is the topic
@@ -48,7 +49,7 @@ pub struct AggregateConfig {
 }
 
 /// When an `aggregate` hands its new state downstream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Emit {
     /// After every record: each update is an output.
@@ -66,7 +67,7 @@ pub enum Emit {
 /// Settings of `dedupe`: passes the first record of each id (the record key unless `id` says
 /// otherwise), and drops the records of that id that follow within `within` of it (by the
 /// records' timestamps).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DedupeConfig {
     /// The store's name, unique in the topology; its changelog is the topic
@@ -101,7 +102,7 @@ impl DedupeConfig {
 
 /// Settings of `join`: a record looks a key up in a table (a compacted topic, the last value
 /// of each key) and goes on with the match in a field of its value.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JoinConfig {
     /// The store's name, unique in the topology.
@@ -127,7 +128,7 @@ pub struct JoinConfig {
 }
 
 /// What a `join` does with a record whose key has no row in the table.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMiss {
     /// The record goes on with `null` in the field.
@@ -153,7 +154,7 @@ pub enum StoreSource {
 }
 
 /// How `aggregate` folds a record into its key's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AggregateOp {
     /// The number of records.

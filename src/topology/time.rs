@@ -2,11 +2,12 @@
 //! their checks. What they do with the state is in [`crate::transform`] (`window`, `delay`);
 //! the docs are in `docs/state.md`, "Time".
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// `window` of an `aggregate`: the state is kept per key and per time window, the windows
 /// cut by each record's event time.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WindowConfig {
     /// Tumbling windows of this size, e.g. `1m`: each record falls in one.
@@ -41,7 +42,7 @@ pub struct WindowConfig {
 }
 
 /// What becomes of a record that comes after its windows closed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Late {
     /// Dropped, and counted (`onceflow_state_late_records_total`).
@@ -161,7 +162,7 @@ impl WindowConfig {
 
 /// Settings of `delay`: holds each record until it is due, then lets it go on to the outputs,
 /// by the wall clock (a due record goes out even when no record comes in).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DelayConfig {
     /// The store's name, unique in the topology; its changelog is the topic

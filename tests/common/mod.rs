@@ -492,7 +492,7 @@ pub fn spawn_job(topology: &std::path::Path, instance: &str, env: &[(&str, &str)
             "--instance-id",
             instance,
         ])
-        .args(["--progress-secs", "0"])
+        .args(["--progress-interval", "0"])
         .env(
             "RUST_LOG",
             std::env::var("ONCEFLOW_TEST_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
@@ -918,11 +918,11 @@ pub fn committed_count(topic: &str, partitions: i32) -> usize {
     read_records(topic, partitions, "read_committed").len()
 }
 
-/// `validate --broker` fails naming `subject` as incompatible, and `run` stops at start with
+/// `validate --bootstrap-servers` fails naming `subject` as incompatible, and `run` stops at start with
 /// the registry's words.
 pub fn assert_refused_at_start(file: &std::path::Path, subject: &str) {
     let validate = Command::new(env!("CARGO_BIN_EXE_onceflow"))
-        .args(["validate", "--broker", &bootstrap()])
+        .args(["validate", "--bootstrap-servers", &bootstrap()])
         .arg(file)
         .output()
         .expect("validate");

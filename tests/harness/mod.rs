@@ -765,7 +765,7 @@ impl Fleet {
             .arg("run")
             .arg(topology)
             .args(["--bootstrap-servers", &bootstrap(), "--instance-id", &id])
-            .args(["--progress-secs", "0", "--log-json"])
+            .args(["--progress-interval", "0", "--log-json"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(self.state_root.as_ref().map(|root| {
                 let dir = root.join(format!("{id}.{}", self.detached[i]));

@@ -165,7 +165,7 @@ impl CellCtx<'_> {
                     .arg(&topology)
                     .args(["--bootstrap-servers", self.bootstrap])
                     .args(["--instance-id", &format!("i{i}")])
-                    .args(["--progress-secs", "0"])
+                    .args(["--progress-interval", "0"])
                     .arg("--summary-json")
                     .arg(dir.join(format!("summary-{i}.json")))
                     .env("RUST_LOG", "onceflow=info")
