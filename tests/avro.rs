@@ -29,12 +29,6 @@ use onceflow::codec::{Decoder, Value};
 use onceflow::topology::SchemaRegistry;
 use serde_json::Value as Json;
 
-fn registry_url() -> String {
-    std::env::var("ONCEFLOW_TEST_REGISTRY_URL").expect(
-        "ONCEFLOW_TEST_REGISTRY_URL is not set: these tests need the real schema registry; run them with scripts/test",
-    )
-}
-
 fn registry(url: &str) -> Registry {
     Registry::connect(&SchemaRegistry {
         url: url.to_string(),

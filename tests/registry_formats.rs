@@ -27,12 +27,6 @@ use onceflow::codec::registry::{Format, Registered, frame};
 use onceflow::topology::SchemaRegistry;
 use serde_json::{Value as Json, json};
 
-fn registry_url() -> String {
-    std::env::var("ONCEFLOW_TEST_REGISTRY_URL").expect(
-        "ONCEFLOW_TEST_REGISTRY_URL is not set: these tests need the real schema registry; run them with scripts/test",
-    )
-}
-
 fn python() -> String {
     std::env::var("ONCEFLOW_TEST_SERDES_PYTHON").expect(
         "ONCEFLOW_TEST_SERDES_PYTHON is not set: these tests need the reference serializers (scripts/serdes-reference); run them with scripts/test",

@@ -59,6 +59,27 @@ pub struct CodecError {
     pub message: String,
 }
 
+/// The document an output in a schema's format writes: the value's, or raw bytes parsed as
+/// JSON (`format` names the output's format in the error); `None` for a tombstone.
+pub(crate) fn document<'v, 'a>(
+    value: &'v Value<'a>,
+    format: &str,
+) -> Result<Option<std::borrow::Cow<'v, Doc<'a>>>, CodecError> {
+    match value {
+        Value::Json(None) | Value::Raw(None) => Ok(None),
+        Value::Json(Some(doc)) => Ok(Some(std::borrow::Cow::Borrowed(doc))),
+        Value::Raw(Some(bytes)) => Doc::parse(bytes)
+            .map(|d| Some(std::borrow::Cow::Owned(d)))
+            .map_err(|e| CodecError {
+                kind: ErrorKind::BadJson,
+                message: format!(
+                    "the value is raw bytes, and {format} output takes a document: it is not \
+                     valid JSON: {e}"
+                ),
+            }),
+    }
+}
+
 /// Turns a consumed value into the pipeline's [`Value`].
 pub trait Decoder: Send + Sync {
     fn decode<'a>(&self, bytes: Option<&'a [u8]>) -> Result<Value<'a>, CodecError>;

@@ -947,3 +947,10 @@ pub fn assert_refused_at_start(file: &std::path::Path, subject: &str) {
         "{said}"
     );
 }
+
+/// The real schema registry `scripts/test` starts.
+pub fn registry_url() -> String {
+    std::env::var("ONCEFLOW_TEST_REGISTRY_URL").expect(
+        "ONCEFLOW_TEST_REGISTRY_URL is not set: these tests need the real schema registry; run them with scripts/test",
+    )
+}

@@ -323,22 +323,11 @@ impl AvroEncoder {
 
 impl Encoder for AvroEncoder {
     fn encode(&self, value: &Value<'_>, size_hint: usize) -> Result<Option<Vec<u8>>, CodecError> {
-        let parsed;
-        let doc = match value {
-            Value::Json(None) | Value::Raw(None) => return Ok(None),
-            Value::Json(Some(doc)) => doc,
-            // Raw bytes written as Avro must be a JSON document.
-            Value::Raw(Some(bytes)) => {
-                parsed = Doc::parse(bytes).map_err(|e| CodecError {
-                    kind: ErrorKind::BadJson,
-                    message: format!(
-                        "the value is raw bytes, and an Avro output takes a document: it is not \
-                         valid JSON: {e}"
-                    ),
-                })?;
-                &parsed
-            }
+        // Raw bytes written as Avro must be a JSON document.
+        let Some(doc) = super::document(value, "an Avro")? else {
+            return Ok(None);
         };
+        let doc = doc.as_ref();
         let mut out = Vec::with_capacity(size_hint + HEADER_LEN);
         out.push(MAGIC);
         out.extend_from_slice(&self.id.to_be_bytes());

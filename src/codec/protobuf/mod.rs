@@ -27,7 +27,6 @@ use prost_reflect::prost::Message as _;
 use prost_reflect::{DynamicMessage, FileDescriptor, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
-use super::json::Doc;
 use super::registry::{Format, Reference, Registered, Registry};
 use super::{CodecError, Decoder, Encoder, Value};
 use crate::record::ErrorKind;
@@ -313,21 +312,10 @@ impl ProtobufEncoder {
 
 impl Encoder for ProtobufEncoder {
     fn encode(&self, value: &Value<'_>, size_hint: usize) -> Result<Option<Vec<u8>>, CodecError> {
-        let parsed;
-        let doc = match value {
-            Value::Json(None) | Value::Raw(None) => return Ok(None),
-            Value::Json(Some(doc)) => doc,
-            Value::Raw(Some(bytes)) => {
-                parsed = Doc::parse(bytes).map_err(|e| CodecError {
-                    kind: ErrorKind::BadJson,
-                    message: format!(
-                        "the value is raw bytes, and a Protobuf output takes a document: it is \
-                         not valid JSON: {e}"
-                    ),
-                })?;
-                &parsed
-            }
+        let Some(doc) = super::document(value, "a Protobuf")? else {
+            return Ok(None);
         };
+        let doc = doc.as_ref();
         let message = doc::from_doc(&self.message, doc, size_hint).map_err(|e| CodecError {
             kind: ErrorKind::SchemaMismatch,
             message: format!(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::codec::json::Doc;
 use serde_json::json;
 
 const ORDER: &str = r#"
