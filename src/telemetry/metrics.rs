@@ -27,6 +27,7 @@ pub const OUTPUT_TXN_AGE: &str = "onceflow_output_open_transaction_age_seconds";
 pub const CONSUMER_LAG: &str = "onceflow_consumer_lag_records";
 pub const REBALANCES: &str = "onceflow_rebalances_total";
 pub const ASSIGNED_PARTITIONS: &str = "onceflow_assigned_partitions";
+pub const BUILD_INFO: &str = "onceflow_build_info";
 pub const PRODUCER_REBUILDS: &str = "onceflow_producer_rebuilds_total";
 pub const FENCED: &str = "onceflow_fenced_total";
 pub const RETRIES: &str = "onceflow_retries_total";
@@ -62,6 +63,10 @@ pub const STATE_RESTORE_DURATION: &str = "onceflow_state_restore_duration_second
 
 /// Every metric with its help text, for `/metrics` and the metric catalogue (docs/observability.md).
 pub const CATALOGUE: &[(&str, &str)] = &[
+    (
+        BUILD_INFO,
+        "1, labelled with the build: onceflow's version and commit, and librdkafka's version.",
+    ),
     (
         RECORDS_CONSUMED,
         "Consumed records whose offsets were committed, by input topic.",

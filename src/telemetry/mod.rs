@@ -64,6 +64,20 @@ pub fn open_txn_age(age: Duration) {
     gauge!(m::TXN_OPEN_AGE).set(age.as_secs_f64());
 }
 
+/// `onceflow_build_info`: set by the loops' one-second tick, as gauges not set for a minute
+/// are dropped.
+pub fn build_info() {
+    static LIBRDKAFKA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let librdkafka = LIBRDKAFKA.get_or_init(|| rdkafka::util::get_rdkafka_version().1);
+    gauge!(
+        m::BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "commit" => env!("ONCEFLOW_COMMIT"),
+        "librdkafka" => librdkafka.clone()
+    )
+    .set(1.0);
+}
+
 /// The oldest open transaction on an output partition, as its leader reports it.
 pub fn output_txn_age(topic: &str, partition: i32, age_ms: i64) {
     gauge!(m::OUTPUT_TXN_AGE, "topic" => topic.to_string(), "partition" => partition.to_string())
