@@ -432,6 +432,30 @@ mod tests {
     }
 
     #[test]
+    fn the_build_is_one_gauge_labelled_with_its_versions() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, crate::telemetry::build_info);
+        let seen = snapshotter.snapshot().into_vec();
+        assert_eq!(seen.len(), 1);
+        let (key, _, _, value) = &seen[0];
+        assert_eq!(key.key().name(), BUILD_INFO);
+        let labels: Vec<(String, String)> = key
+            .key()
+            .labels()
+            .map(|l| (l.key().to_string(), l.value().to_string()))
+            .collect();
+        let names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["version", "commit", "librdkafka"]);
+        assert_eq!(labels[0].1, env!("CARGO_PKG_VERSION"));
+        assert!(labels[2].1.starts_with('2'), "{labels:?}");
+        assert!(matches!(
+            value,
+            metrics_util::debugging::DebugValue::Gauge(v) if v.into_inner() == 1.0
+        ));
+    }
+
+    #[test]
     fn topic_counts_publish_only_committed_work() {
         let recorder = metrics_util::debugging::DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
