@@ -17,6 +17,10 @@ pub fn injected_failure() -> crate::record::RecordError {
 pub const ABORT_EVERY: &str = "ONCEFLOW_FAILPOINT_ABORT_EVERY";
 /// The pipeline fails transiently this many times (in all) first.
 pub const TRANSIENT_FAILURES: &str = "ONCEFLOW_FAILPOINT_TRANSIENT_FAILURES";
+/// The n-th Kafka commit (and every n-th after it) is answered by an error though the
+/// transaction committed: the answer lost on the way, as when the coordinator's broker
+/// dies after it wrote the commit.
+pub const LOSE_COMMIT_EVERY: &str = "ONCEFLOW_FAILPOINT_LOSE_COMMIT_EVERY";
 /// The process aborts right after the n-th database commit of its sinks, before the Kafka
 /// transaction commits.
 pub const EXIT_AFTER_DB_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT";
@@ -33,6 +37,7 @@ pub const START_DELAY_MS: &str = "ONCEFLOW_FAILPOINT_START_DELAY_MS";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Failpoints {
     pub abort_every: Option<u64>,
+    pub lose_commit_every: Option<u64>,
     pub transient_failures: u64,
     pub exit_after_db_commit: Option<u64>,
     pub exit_after_kafka_commit: Option<u64>,
@@ -49,6 +54,7 @@ impl Failpoints {
         let number = |name: &str| get(name).and_then(|v| v.trim().parse::<u64>().ok());
         Failpoints {
             abort_every: number(ABORT_EVERY).filter(|n| *n > 0),
+            lose_commit_every: number(LOSE_COMMIT_EVERY).filter(|n| *n > 0),
             transient_failures: number(TRANSIENT_FAILURES).unwrap_or(0),
             exit_after_db_commit: number(EXIT_AFTER_DB_COMMIT),
             exit_after_kafka_commit: number(EXIT_AFTER_KAFKA_COMMIT),
@@ -72,6 +78,7 @@ mod tests {
     fn failpoints_are_read_by_name() {
         let fp = Failpoints::from_lookup(|name| match name {
             ABORT_EVERY => Some("4".into()),
+            LOSE_COMMIT_EVERY => Some("5".into()),
             TRANSIENT_FAILURES => Some(" 3".into()),
             EXIT_AFTER_DB_COMMIT => Some("2".into()),
             _ => None,
@@ -80,6 +87,7 @@ mod tests {
             fp,
             Failpoints {
                 abort_every: Some(4),
+                lose_commit_every: Some(5),
                 transient_failures: 3,
                 exit_after_db_commit: Some(2),
                 exit_after_kafka_commit: None,

@@ -17,6 +17,8 @@ pub struct RunOptions {
     pub stop_after_records: Option<u64>,
     /// Test-only failpoint: abort every n-th transaction instead of committing it.
     pub abort_every: Option<u64>,
+    /// Test-only failpoint: every n-th Kafka commit reports a failure though it committed.
+    pub lose_commit_every: Option<u64>,
     /// Test-only failpoint: the pipeline fails transiently this many times (in all) first.
     pub transient_failures: u64,
     /// Test-only failpoint: abort the process right after the n-th database commit of the

@@ -689,7 +689,7 @@ fn check_state(
 }
 
 fn reconcile(topology: &Path, pg_url: &str, problems: &mut Vec<String>) -> String {
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+    let run = std::process::Command::new(onceflow_bin())
         .arg("reconcile")
         .arg(topology)
         .args(["--bootstrap-servers", &bootstrap(), "--json"])

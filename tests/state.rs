@@ -159,6 +159,87 @@ fn an_aborted_transaction_leaves_no_state_change() {
     assert_exact(&s, &ids);
 }
 
+/// A commit whose answer is lost (the coordinator's broker dies after it wrote the commit):
+/// the job takes the transaction for failed, and its new producer's initialization completes
+/// it. The consumer's committed offsets are past its records, so the state must hold what it
+/// committed too: reloaded from the changelog, the counts stay exact.
+#[test]
+fn a_commit_whose_answer_is_lost_leaves_the_state_as_committed() {
+    let s = setup("state-lost-commit");
+    let ids: BTreeSet<u64> = (0..6_000).collect();
+    feed(&s, ids.iter().copied().collect(), 1_000_000)
+        .join()
+        .expect("feeder");
+    let text = std::fs::read_to_string(&s.topology).expect("topology file");
+    let topology = onceflow::topology::Topology::parse(&text, "test").expect("topology");
+    let options = onceflow::instance::RunOptions {
+        lose_commit_every: Some(3),
+        ..Default::default()
+    };
+    let summary = run_in_process(&topology, options, &s.output, PARTITIONS, ids.len());
+    assert!(
+        summary.txn.producer_rebuilds >= 3,
+        "too few lost answers to prove anything: {summary:?}"
+    );
+    assert_exact(&s, &ids);
+}
+
+/// A changelog partition with a transaction open on it (its previous owner was committing
+/// when the partition moved): the restore takes the partition's end only once that
+/// transaction ended, and holds what it committed. Read to the last stable offset at once,
+/// the state would lack it while the consumer's committed offsets skip its records.
+#[test]
+fn a_restore_waits_for_the_transaction_open_on_its_changelog() {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let job = unique("restore-open-txn");
+    let yaml = format!(
+        "name: {job}\ninputs:\n  - {{topic: in, codec: json}}\npipeline:\n{COUNTING}outputs:\n  - {{topic: out, codec: json}}\nruntime:\n  state_store: memory\n  transaction_timeout_ms: 10000\n"
+    );
+    let topology = onceflow::topology::Topology::parse(&yaml, "t.yaml").expect("topology");
+    let changelog = format!("{job}.counts.changelog");
+    create_topics(&[&changelog], 1);
+    // The previous owner: a record of its state in a transaction not yet ended.
+    let owner: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("previous-owner"))
+        .create()
+        .expect("producer");
+    let t = Duration::from_secs(30);
+    owner.init_transactions(t).expect("init");
+    owner.begin_transaction().expect("begin");
+    owner
+        .send(
+            BaseRecord::to(&changelog)
+                .partition(0)
+                .key("k1")
+                .payload("7"),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    owner.flush(t).expect("flush");
+    let wait = Duration::from_secs(3);
+    let committer = std::thread::spawn(move || {
+        std::thread::sleep(wait);
+        owner.commit_transaction(t).expect("commit");
+    });
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", unique("restore-open-txn"));
+    let mut stores = onceflow::state::open(&topology, "i-0", &config).expect("stores");
+    let started = std::time::Instant::now();
+    let restored = stores.restore(&[0]).expect("restore");
+    let took = started.elapsed();
+    committer.join().expect("committer");
+    assert_eq!(
+        stores.entries(0),
+        vec![(b"k1".to_vec(), b"7".to_vec())],
+        "the restore ended after {took:?} without the open transaction's change ({restored:?})"
+    );
+    assert!(took >= wait - Duration::from_millis(500), "{took:?}");
+}
+
 #[test]
 fn counts_stay_exact_when_the_job_is_sigkilled_and_restarted() {
     let s = setup("state-crash");

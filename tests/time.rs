@@ -334,6 +334,32 @@ fn every_final_result_comes_once_with_its_exact_count_across_sigkills() {
     assert_final_results(&s, &expected);
 }
 
+/// Every third commit's answer is lost (the transaction committed; the job is told it
+/// failed): the job replaces its producer and reloads its windows from the changelog, so a
+/// window whose final result that transaction emitted is not emitted again.
+#[test]
+fn every_final_result_comes_once_when_commit_answers_are_lost() {
+    let s = setup("win-lost-commit");
+    let clicks = clicks(20_000);
+    let (expected, _) = expected(&clicks);
+    let feeder = feed(&s, clicks, 4_000);
+    let child = spawn_job(
+        &s.topology,
+        "win-0",
+        &[("ONCEFLOW_FAILPOINT_LOSE_COMMIT_EVERY", "3")],
+    );
+    feeder.join().expect("feeder");
+    let seen = wait_for_distinct(
+        &s.output,
+        PARTITIONS,
+        expected.len(),
+        Duration::from_secs(180),
+    );
+    terminate(child);
+    assert_eq!(seen, expected.len(), "not every result came out");
+    assert_final_results(&s, &expected);
+}
+
 /// Sessions of each key grow, merge when an out-of-order record bridges two, and close
 /// after their gap, while the job is SIGKILLed: each closed session once, with its count.
 #[test]

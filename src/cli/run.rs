@@ -90,6 +90,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<bool> {
         stop_after_records: args.stop_after_records,
         transient_failures: failpoints.transient_failures,
         abort_every: failpoints.abort_every,
+        lose_commit_every: failpoints.lose_commit_every,
         exit_after_db_commit: failpoints.exit_after_db_commit,
         exit_after_kafka_commit: failpoints.exit_after_kafka_commit,
         progress_every: Some(

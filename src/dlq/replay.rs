@@ -50,6 +50,7 @@ pub fn replay(
         max_bytes: 64 << 20,
         operation_timeout: Duration::from_secs(30),
         abort_every: None,
+        lose_commit_every: None,
         exit_after_participant_commit: None,
         guarantee: Guarantee::ExactlyOnce,
         overlap_commits: false,

@@ -226,6 +226,7 @@ fn connect(
         max_bytes: runtime.max_bytes_per_txn,
         operation_timeout: Duration::from_millis(runtime.transaction_timeout_ms),
         abort_every: options.abort_every,
+        lose_commit_every: options.lose_commit_every,
         exit_after_participant_commit: options.exit_after_db_commit,
         guarantee: runtime.guarantee,
         overlap_commits: runtime.overlap_commits,

@@ -187,10 +187,11 @@ pub struct Stores {
     checkpointed: Instant,
     /// Whether changes were applied since the last checkpoint of every held partition.
     unchecked: bool,
-    /// The consumer that restores assigned partitions and reads the changelogs' ends for a
-    /// checkpoint, and how long a restore may go without progress (none: nothing to restore,
-    /// as in `onceflow test`).
-    reader: Option<(restore::RestoreConsumer, Duration)>,
+    /// The input partitions whose state this instance holds (restored, not released).
+    assigned: std::collections::BTreeSet<i32>,
+    /// What restores assigned partitions and reads the changelogs' ends for a checkpoint
+    /// (none: nothing to restore, as in `onceflow test`).
+    reader: Option<restore::Reader>,
 }
 
 impl Default for Stores {
@@ -226,14 +227,14 @@ impl Stores {
             tables: table::Follower::default(),
             checkpointed: Instant::now(),
             unchecked: false,
+            assigned: Default::default(),
             reader: None,
         }
     }
 
-    /// Stores that restore assigned partitions with `consumer`, which may go `timeout`
-    /// without progress.
-    pub fn with_reader(mut self, consumer: restore::RestoreConsumer, timeout: Duration) -> Stores {
-        self.reader = Some((consumer, timeout));
+    /// Stores that restore assigned partitions with `reader`.
+    pub fn with_reader(mut self, reader: restore::Reader) -> Stores {
+        self.reader = Some(reader);
         self
     }
 
@@ -288,13 +289,14 @@ impl Stores {
         &mut self,
         partitions: &[i32],
     ) -> Result<restore::Restored, restore::RestoreError> {
-        let Some((consumer, timeout)) = self.reader.take() else {
+        let Some(reader) = self.reader.take() else {
             self.index_timers(partitions);
             return Ok(restore::Restored::default());
         };
-        let result = restore::restore(&consumer, self, partitions, timeout);
+        self.assigned.extend(partitions);
+        let result = restore::restore(&reader, self, partitions, restore::Which::All);
         self.index_timers(partitions);
-        self.reader = Some((consumer, timeout));
+        self.reader = Some(reader);
         let (restored, reached) = result?;
         for (store, partition, offset) in reached {
             if self.sources[store] == StoreSource::GlobalTable {
@@ -305,6 +307,23 @@ impl Stores {
         }
         self.tables.start().map_err(restore::RestoreError::Client)?;
         Ok(restored)
+    }
+
+    /// Brings the changelogs' stores of every held partition up to their changelogs' ends
+    /// again, the open transaction's changes forgotten: after a transaction whose outcome
+    /// this instance does not know (its commit call failed, and the producer that made it
+    /// was replaced: the new one's initialization completed it, committed or aborted), the
+    /// changelog says what committed, and the consumer's committed offsets agree with it.
+    pub fn reload(&mut self) -> Result<restore::Restored, restore::RestoreError> {
+        self.abort();
+        let Some(reader) = self.reader.take() else {
+            return Ok(restore::Restored::default());
+        };
+        let partitions: Vec<i32> = self.assigned.iter().copied().collect();
+        let result = restore::restore(&reader, self, &partitions, restore::Which::Changelogs);
+        self.index_timers(&partitions);
+        self.reader = Some(reader);
+        Ok(result?.0)
     }
 
     /// Applies what the followed tables received since the last call (a bounded batch):
@@ -457,9 +476,10 @@ impl Stores {
     /// member taking a partition over first restores it, then processes and commits: that
     /// takes seconds, the watermark is read a millisecond after the commit.)
     fn write_checkpoints(&mut self, which: impl Fn(i32) -> bool) -> Result<(), StoreError> {
-        let Some((consumer, timeout)) = self.reader.take() else {
+        let Some(reader) = self.reader.take() else {
             return Ok(());
         };
+        let (consumer, timeout) = (&reader.consumer, reader.timeout);
         let at_ms = now_ms();
         let checkpoints: Vec<_> = self
             .backend
@@ -478,7 +498,7 @@ impl Stores {
                 ))
             })
             .collect();
-        self.reader = Some((consumer, timeout));
+        self.reader = Some(reader);
         if checkpoints.is_empty() {
             return Ok(());
         }
@@ -500,6 +520,7 @@ impl Stores {
     /// meanwhile. A `lost` partition may be another member's already: no checkpoint (the
     /// last one stays valid).
     pub fn release_partition(&mut self, partition: i32, lost: bool) -> Result<(), StoreError> {
+        self.assigned.remove(&partition);
         self.pending.retain(|&(_, p), _| p != partition);
         self.record.retain(|c| c.partition != partition);
         if !lost {
@@ -598,7 +619,7 @@ pub fn open(
     let tables = stores.iter().any(|(_, s)| *s != StoreSource::Changelog);
     let stores = Stores::new(stores, backend)
         .with_timed(topology.timed_stores())
-        .with_reader(restore::consumer(&config)?, timeout);
+        .with_reader(restore::Reader::new(&config, timeout)?);
     Ok(if tables {
         stores.with_follower(restore::consumer(&config)?)
     } else {

@@ -3,6 +3,13 @@
 //! into an emptied store. Read with read_committed to the end offset the broker gives
 //! read_committed readers (the last stable offset), told by librdkafka's partition-EOF event:
 //! never "until a last record", since transaction markers and compaction leave offset gaps.
+//!
+//! A changelog's end is taken only once no transaction is open on it (its last stable offset
+//! has reached its high watermark). A transaction the partition's previous owner was
+//! committing when the partition moved (its coordinator's broker down, say) is decided later:
+//! read to the last stable offset before that, the state would lack what the transaction
+//! commits, while the consumer's committed offsets (read stable, KIP-447) skip its records:
+//! a window's final result emitted again, a count short.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -37,6 +44,16 @@ pub enum RestoreError {
         partition: i32,
         read: u64,
         after: Duration,
+    },
+    #[error(
+        "state restore: changelog {topic} partition {partition} has a transaction open at offset {offset} that did not end within {}s (`onceflow txn doctor` names its producer)",
+        .waited.as_secs()
+    )]
+    OpenTransaction {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        waited: Duration,
     },
 }
 
@@ -92,6 +109,76 @@ pub fn consumer(config: &ClientConfig) -> Result<RestoreConsumer, KafkaError> {
     config.create_with_context(RestoreContext)
 }
 
+/// What restores the stores: the restore consumer, a read_uncommitted client that reads the
+/// changelogs' high watermarks (to see a transaction still open), and how long a restore
+/// may go without progress.
+pub struct Reader {
+    pub consumer: RestoreConsumer,
+    ends: RestoreConsumer,
+    pub timeout: Duration,
+}
+
+impl Reader {
+    /// The reader of a restore consumer configured by `config` ([`restore_config`]).
+    pub fn new(config: &ClientConfig, timeout: Duration) -> Result<Reader, KafkaError> {
+        let mut uncommitted = config.clone();
+        uncommitted.set("isolation.level", "read_uncommitted");
+        Ok(Reader {
+            consumer: consumer(config)?,
+            ends: consumer(&uncommitted)?,
+            timeout,
+        })
+    }
+}
+
+/// How long a restore waits for a transaction open on a changelog partition to end: its
+/// coordinator aborts it at most the transaction timeout (the job's, `timeout`) after it
+/// began, checking every 10 s (`transaction.abort.timed.out.transaction.cleanup.interval.ms`).
+fn open_transaction_wait(timeout: Duration) -> Duration {
+    timeout * 2 + Duration::from_secs(10)
+}
+
+/// Whether a changelog partition whose last stable offset is `stable` and high watermark
+/// `high` has no transaction open: everything below its end is decided.
+fn settled(stable: i64, high: i64) -> bool {
+    stable >= high
+}
+
+/// A changelog partition's low watermark and its end (the last stable offset) once no
+/// transaction is open on it, waited for as [`open_transaction_wait`] allows.
+fn settled_watermarks(
+    reader: &Reader,
+    topic: &str,
+    partition: i32,
+) -> Result<(i64, i64), RestoreError> {
+    let started = Instant::now();
+    let mut told = false;
+    loop {
+        let (low, stable) = watermarks(&reader.consumer, topic, partition, reader.timeout)?;
+        let (_, high) = watermarks(&reader.ends, topic, partition, reader.timeout)?;
+        if settled(stable, high) {
+            if told {
+                telemetry::state_restore_waited(topic, partition, started.elapsed());
+            }
+            return Ok((low, stable));
+        }
+        let waited = started.elapsed();
+        if waited >= open_transaction_wait(reader.timeout) {
+            return Err(RestoreError::OpenTransaction {
+                topic: topic.to_string(),
+                partition,
+                offset: stable,
+                waited,
+            });
+        }
+        if !told {
+            telemetry::state_restore_waits(topic, partition, stable, high);
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Where one partition's restore starts and how far its log goes.
 struct Span {
     partition: i32,
@@ -102,15 +189,25 @@ struct Span {
 /// Where a restored table goes on from: (store, partition, next offset).
 pub type Reached = Vec<(usize, i32, i64)>;
 
+/// Which stores a restore brings up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Every store of newly assigned partitions.
+    All,
+    /// The changelogs' stores of held partitions again (their tables followed already).
+    Changelogs,
+}
+
 /// Brings the state of every store on `partitions` up to their topics' ends (and a global
-/// table not held yet, whole); a restore fails when nothing comes for `timeout`. Returns
-/// where each table's partitions were read to, for following them from there.
+/// table not held yet, whole); a restore fails when nothing comes for the reader's timeout.
+/// Returns where each table's partitions were read to, for following them from there.
 pub fn restore(
-    consumer: &RestoreConsumer,
+    reader: &Reader,
     stores: &mut Stores,
     partitions: &[i32],
-    timeout: Duration,
+    which: Which,
 ) -> Result<(Restored, Reached), RestoreError> {
+    let (consumer, timeout) = (&reader.consumer, reader.timeout);
     let started = Instant::now();
     let mut total = Restored::default();
     let mut tables = Reached::new();
@@ -120,6 +217,9 @@ pub fn restore(
     for store in 0..stores.topics().len() {
         let topic = stores.topics()[store].clone();
         let source = stores.sources()[store];
+        if which == Which::Changelogs && source != StoreSource::Changelog {
+            continue;
+        }
         let (spans, into) = match source {
             StoreSource::GlobalTable if stores.holds_global(store) => continue,
             StoreSource::GlobalTable => {
@@ -133,7 +233,13 @@ pub fn restore(
             StoreSource::Changelog | StoreSource::Table => {
                 let mut spans = Vec::new();
                 for &partition in partitions {
-                    let (low, high) = watermarks(consumer, &topic, partition, timeout)?;
+                    // Only this job writes a changelog; a table's writers may keep a
+                    // transaction open at every moment.
+                    let (low, high) = if source == StoreSource::Changelog {
+                        settled_watermarks(reader, &topic, partition)?
+                    } else {
+                        watermarks(consumer, &topic, partition, timeout)?
+                    };
                     let max_age = if stores.is_timed(store) {
                         TIMED_CHECKPOINT_MAX_AGE
                     } else {
@@ -245,6 +351,12 @@ fn watermarks(
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(e) => {
                 telemetry::restore_client_error(&e, "watermarks");
+                // librdkafka answers "unknown partition" from a metadata cache that lost the
+                // partition (seen for 10 s on end after a broker's restart) and does not ask
+                // again by itself: ask for the topic's metadata.
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownPartition) {
+                    let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(1));
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -393,6 +505,18 @@ mod tests {
     use super::*;
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn a_changelog_is_settled_once_its_last_stable_offset_reaches_its_high_watermark() {
+        assert!(settled(40, 40));
+        // A transaction open at offset 30: what it commits would be missed.
+        assert!(!settled(30, 40));
+        // Read one after the other, the stable offset may be the later.
+        assert!(settled(41, 40));
+        // A transaction is aborted by its coordinator within the timeout plus its check.
+        let t = Duration::from_secs(30);
+        assert!(open_transaction_wait(t) > t + Duration::from_secs(10));
+    }
 
     #[test]
     fn a_checkpoint_restores_the_tail_only_within_the_log_and_while_fresh() {

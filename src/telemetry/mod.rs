@@ -173,6 +173,28 @@ pub fn restore_client_error(error: &dyn std::fmt::Display, reason: &str) {
     warn!(%error, reason, "state restore: kafka client error");
 }
 
+/// A restore waits for the transaction open on a changelog partition (at offset `stable`,
+/// its high watermark `high`) to end before it takes the partition's end.
+pub fn state_restore_waits(topic: &str, partition: i32, stable: i64, high: i64) {
+    info!(
+        topic,
+        partition,
+        stable,
+        high,
+        "state restore: a transaction is open on the changelog; waiting for it to end"
+    );
+}
+
+/// The transaction a restore waited for ended after `waited`.
+pub fn state_restore_waited(topic: &str, partition: i32, waited: Duration) {
+    info!(
+        topic,
+        partition,
+        waited_ms = waited.as_millis() as u64,
+        "state restore: the changelog's open transaction ended"
+    );
+}
+
 /// A restore goes on: `read` records of `topic` so far of at most `to_read`, `open`
 /// partitions not at their end.
 pub fn state_restoring(topic: &str, open: &[i32], read: u64, to_read: u64) {

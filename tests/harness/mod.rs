@@ -17,6 +17,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
+
+/// The `onceflow` binary the fleet runs: `ONCEFLOW_BIN` when set (`scripts/chaos` sets the
+/// release build: what production runs, and a fifth of the CPU a debug build takes), else
+/// this test build's.
+pub fn onceflow_bin() -> PathBuf {
+    std::env::var_os("ONCEFLOW_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_onceflow")),
+            PathBuf::from,
+        )
+}
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
@@ -756,12 +768,12 @@ impl Fleet {
         });
     }
 
-    /// Starts member `i`: `onceflow run` with JSON logs, each line stamped on arrival, kept
+    /// Starts member `i` (the binary [`onceflow_bin`] names): `onceflow run` with JSON logs, each line stamped on arrival, kept
     /// in the events and in `<log_dir>/<id>.log`.
     pub fn spawn(&mut self, i: usize) {
         let id = self.members[i].id.clone();
         let topology = self.members[i].topology.as_ref().unwrap_or(&self.topology);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onceflow"))
+        let mut child = Command::new(onceflow_bin())
             .arg("run")
             .arg(topology)
             .args(["--bootstrap-servers", &bootstrap(), "--instance-id", &id])

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::collector::Collector;
 use super::offsets::TxnOffsets;
@@ -68,6 +69,9 @@ pub struct TxnSettings {
     pub operation_timeout: Duration,
     /// Test-only failpoint: abort every n-th transaction instead of committing it.
     pub abort_every: Option<u64>,
+    /// Test-only failpoint: every n-th Kafka commit reports a failure though it committed
+    /// (its answer lost).
+    pub lose_commit_every: Option<u64>,
     /// Test-only failpoint: abort the process right after the n-th commit of the
     /// participants, before the Kafka transaction commits.
     pub exit_after_participant_commit: Option<u64>,
@@ -446,7 +450,15 @@ impl Txn {
         if let Err(e) = self.commit_participants() {
             return self.participants_failed(consumer, e);
         }
-        match self.try_commit(consumer, started) {
+        let result = self.try_commit(consumer, started).and_then(|steps| {
+            match self.settings.lose_commit_every {
+                Some(n) if n > 0 && self.attempts.is_multiple_of(n) => {
+                    Err(KafkaError::Global(RDKafkaErrorCode::OperationTimedOut))
+                }
+                _ => Ok(steps),
+            }
+        });
+        match result {
             Ok(steps) => {
                 self.stats.commit_steps.record(steps);
                 self.committed(started.elapsed())?;

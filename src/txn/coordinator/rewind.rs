@@ -114,6 +114,13 @@ impl Txn {
         if self.open {
             self.stats.aborted += 1;
             telemetry::txn_aborted(AbortReason::ProducerRebuilt.as_str(), &detail, self.records);
+            // The old producer's transaction may have committed after all (its commit call
+            // failed once the coordinator had the commit): the new producer's
+            // initialization completed it either way, and the changelogs say which. The
+            // rewind's committed offsets say the same.
+            self.state
+                .reload()
+                .map_err(|e| TxnError::State(e.to_string()))?;
         }
         self.rewind(consumer)?;
         self.reset();
