@@ -430,6 +430,68 @@ fn a_refused_partition_registration_is_retried_sooner_and_sooner() {
     );
 }
 
+/// (vendor/patches/0006-*): `send_offsets_to_transaction` with the transaction coordinator's
+/// broker down returns within its timeout too. Its first step, AddOffsetsToTxn, goes to the
+/// transaction coordinator; stock librdkafka 2.12 bounds that request by `socket.timeout.ms`
+/// (60 s) for each attempt and checks the call's own timeout only when an answer comes (as the
+/// coordinator's broker was SIGKILLed: onceflow's watchdog stopped the process after 15 s).
+#[test]
+fn send_offsets_returns_within_its_timeout_when_the_transaction_coordinator_is_down() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let cluster = MockCluster::start(3).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    cluster.set_coordinator("transaction", "add-offsets-timeout", 1);
+    cluster.set_coordinator("group", "g", 2);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("transactional.id", "add-offsets-timeout")
+        .create()
+        .unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "g")
+        .create()
+        .unwrap();
+    let metadata = consumer.group_metadata().expect("the group's metadata");
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    producer.begin_transaction().unwrap();
+    producer
+        .send(BaseRecord::<(), _>::to("t").payload("in the transaction"))
+        .unwrap();
+    cluster.set_broker_up(1, false);
+
+    let producer = std::sync::Arc::new(producer);
+    let calling = std::sync::Arc::clone(&producer);
+    let (done, result) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset("t", 0, Offset::Offset(1))
+            .expect("an offset");
+        let r = calling.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(2));
+        done.send(r).ok();
+    });
+    let returned = result.recv_timeout(Duration::from_secs(30));
+    let took = started.elapsed();
+    eprintln!("send_offsets_to_transaction returned after {took:?}: {returned:?}");
+    if returned.is_err() {
+        // Let the call return, so that the process can end.
+        cluster.set_broker_up(1, true);
+    }
+    returned
+        .unwrap_or_else(|_| {
+            panic!("send_offsets_to_transaction with a 2 s timeout has not returned after 30 s")
+        })
+        .expect_err("offsets sent while the transaction coordinator is down");
+    assert!(
+        took >= Duration::from_millis(1_900) && took < Duration::from_secs(6),
+        "the call returned after {took:?} with a 2 s timeout"
+    );
+}
+
 /// A request to a coordinator that does not come up fails at its timeout
 /// (vendor/patches/0005-*): `send_offsets_to_transaction` with the group coordinator's broker
 /// down returns TIMED_OUT, an error that asks for an abort, once its 2 s have passed. Stock

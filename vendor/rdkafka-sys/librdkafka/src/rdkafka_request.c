@@ -6401,6 +6401,7 @@ rd_kafka_AddOffsetsToTxnRequest(rd_kafka_broker_t *rkb,
                                 const char *transactional_id,
                                 rd_kafka_pid_t pid,
                                 const char *group_id,
+                                int timeout_ms,
                                 char *errstr,
                                 size_t errstr_size,
                                 rd_kafka_replyq_t replyq,
@@ -6435,6 +6436,13 @@ rd_kafka_AddOffsetsToTxnRequest(rd_kafka_broker_t *rkb,
         rd_kafka_buf_ApiVersion_set(rkbuf, ApiVersion, 0);
 
         rkbuf->rkbuf_max_retries = RD_KAFKA_REQUEST_MAX_RETRIES;
+
+        /* Bounded by the caller's timeout, retries included: a transaction
+         * coordinator that does not come up must not hold the request (and
+         * the application call waiting on it) for socket.timeout.ms each
+         * attempt. */
+        if (timeout_ms > 0)
+                rd_kafka_buf_set_abs_timeout(rkbuf, timeout_ms, 0);
 
         rd_kafka_broker_buf_enq_replyq(rkb, rkbuf, replyq, resp_cb, opaque);
 

@@ -1743,6 +1743,11 @@ rd_kafka_txn_send_TxnOffsetCommitRequest(rd_kafka_broker_t *rkb,
 
         rkbuf->rkbuf_max_retries = RD_KAFKA_REQUEST_MAX_RETRIES;
 
+        /* Bounded by the application call's timeout, as AddOffsetsToTxn. */
+        if (rd_timeout_remains(rko->rko_u.txn.abs_timeout) > 0)
+                rd_kafka_buf_set_abs_timeout(
+                    rkbuf, rd_timeout_remains(rko->rko_u.txn.abs_timeout), 0);
+
         rd_kafka_broker_buf_enq_replyq(rkb, rkbuf, replyq, resp_cb,
                                        reply_opaque);
 
@@ -1982,9 +1987,10 @@ rd_kafka_txn_op_send_offsets_to_transaction(rd_kafka_t *rk,
 
         err = rd_kafka_AddOffsetsToTxnRequest(
             rk->rk_eos.txn_coord, rk->rk_conf.eos.transactional_id, pid,
-            rko->rko_u.txn.cgmetadata->group_id, errstr, sizeof(errstr),
-            RD_KAFKA_REPLYQ(rk->rk_ops, 0), rd_kafka_txn_handle_AddOffsetsToTxn,
-            rko);
+            rko->rko_u.txn.cgmetadata->group_id,
+            rd_timeout_remains(rko->rko_u.txn.abs_timeout), errstr,
+            sizeof(errstr), RD_KAFKA_REPLYQ(rk->rk_ops, 0),
+            rd_kafka_txn_handle_AddOffsetsToTxn, rko);
 
         if (err) {
                 error = rd_kafka_error_new_retriable(err, "%s", errstr);
