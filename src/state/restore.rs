@@ -111,7 +111,7 @@ pub fn consumer(config: &ClientConfig) -> Result<RestoreConsumer, KafkaError> {
 
 /// What restores the stores: the restore consumer, a read_uncommitted client that reads the
 /// changelogs' high watermarks (to see a transaction still open), and how long a restore
-/// may go without progress.
+/// may go without progress ([`patience`]).
 pub struct Reader {
     pub consumer: RestoreConsumer,
     ends: RestoreConsumer,
@@ -119,24 +119,31 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// The reader of a restore consumer configured by `config` ([`restore_config`]).
-    pub fn new(config: &ClientConfig, timeout: Duration) -> Result<Reader, KafkaError> {
+    /// The reader of a restore consumer configured by `config` ([`restore_config`]), for a
+    /// job whose transaction timeout is `transaction_timeout`.
+    pub fn new(config: &ClientConfig, transaction_timeout: Duration) -> Result<Reader, KafkaError> {
         let mut uncommitted = config.clone();
         uncommitted.set("isolation.level", "read_uncommitted");
         Ok(Reader {
             consumer: consumer(config)?,
             ends: consumer(&uncommitted)?,
-            timeout,
+            timeout: patience(transaction_timeout),
         })
     }
 }
 
-/// How long a restore waits for a transaction open on a changelog partition to end: its
-/// coordinator aborts it at most the transaction timeout (the job's, `timeout`) after it
-/// began, checking every 10 s (`transaction.abort.timed.out.transaction.cleanup.interval.ms`).
-fn open_transaction_wait(timeout: Duration) -> Duration {
-    timeout * 2 + Duration::from_secs(10)
+/// How long a restore goes without progress before it fails, for a job whose transaction
+/// timeout is `transaction_timeout`: twice that plus 10 s. A transaction open on a changelog
+/// is aborted by its coordinator at most the transaction timeout after it began, checking
+/// every 10 s (`transaction.abort.timed.out.transaction.cleanup.interval.ms`); a broker that
+/// died has its partitions' leaders moved within about as long (its session times out).
+fn patience(transaction_timeout: Duration) -> Duration {
+    transaction_timeout * 2 + Duration::from_secs(10)
 }
+
+/// One watermark request's bound, so that a request stuck on a broker that died is asked
+/// again (after a metadata refresh) well within the restore's patience.
+const WATERMARK_CALL: Duration = Duration::from_secs(3);
 
 /// Whether a changelog partition whose last stable offset is `stable` and high watermark
 /// `high` has no transaction open: everything below its end is decided.
@@ -145,7 +152,7 @@ fn settled(stable: i64, high: i64) -> bool {
 }
 
 /// A changelog partition's low watermark and its end (the last stable offset) once no
-/// transaction is open on it, waited for as [`open_transaction_wait`] allows.
+/// transaction is open on it, waited for as the reader's patience allows.
 fn settled_watermarks(
     reader: &Reader,
     topic: &str,
@@ -163,7 +170,7 @@ fn settled_watermarks(
             return Ok((low, stable));
         }
         let waited = started.elapsed();
-        if waited >= open_transaction_wait(reader.timeout) {
+        if waited >= reader.timeout {
             return Err(RestoreError::OpenTransaction {
                 topic: topic.to_string(),
                 partition,
@@ -346,17 +353,16 @@ fn watermarks(
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match consumer.fetch_watermarks(topic, partition, left.max(Duration::from_secs(1))) {
+        let bound = left.clamp(Duration::from_secs(1), WATERMARK_CALL);
+        match consumer.fetch_watermarks(topic, partition, bound) {
             Ok(w) => return Ok(w),
             Err(e) if Instant::now() >= deadline => return Err(e),
             Err(e) => {
                 telemetry::restore_client_error(&e, "watermarks");
                 // librdkafka answers "unknown partition" from a metadata cache that lost the
                 // partition (seen for 10 s on end after a broker's restart) and does not ask
-                // again by itself: ask for the topic's metadata.
-                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::UnknownPartition) {
-                    let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(1));
-                }
+                // again by itself, nor for a leader that died: ask for the topic's metadata.
+                let _ = consumer.fetch_metadata(Some(topic), Duration::from_secs(1));
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
@@ -515,7 +521,7 @@ mod tests {
         assert!(settled(41, 40));
         // A transaction is aborted by its coordinator within the timeout plus its check.
         let t = Duration::from_secs(30);
-        assert!(open_transaction_wait(t) > t + Duration::from_secs(10));
+        assert!(patience(t) > t + Duration::from_secs(10));
     }
 
     #[test]
