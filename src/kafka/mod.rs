@@ -9,6 +9,7 @@ pub mod batch;
 pub mod clients;
 pub mod embedded;
 pub mod read;
+mod scram;
 pub mod send;
 pub mod transactions;
 pub mod wire;

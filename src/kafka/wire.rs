@@ -4,8 +4,9 @@
 //! The messages are `kafka-protocol`'s, generated from Kafka's own schemas; this module only
 //! frames them (a 4-byte size, the request header, the body), negotiates each API's version
 //! with ApiVersions, and carries them over TCP, TLS (OpenSSL, as librdkafka and the
-//! PostgreSQL client use) and SASL/PLAIN. A connection is blocking and serves one request at
-//! a time: the callers are operator commands and a slow background poll, not the data path.
+//! PostgreSQL client use) and SASL (PLAIN, and SCRAM-SHA-256 and SCRAM-SHA-512 with the
+//! `scram` module). A connection is blocking and serves one request at a time: the callers
+//! are operator commands and a slow background poll, not the data path.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -20,6 +21,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use openssl::pkey::PKey;
 use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
+
+use super::scram::{Hash, Scram};
 
 /// Why a request could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +46,13 @@ pub enum WireError {
     Setting { key: String, why: String },
     #[error("SASL with {addr}: {why}")]
     Sasl { addr: String, why: String },
+    /// The broker refused the credentials; its own words in `message`.
+    #[error("SASL authentication failed with {addr} ({mechanism}): {message}")]
+    SaslAuthentication {
+        addr: String,
+        mechanism: &'static str,
+        message: String,
+    },
     /// The broker does not serve the API at any version this client speaks.
     #[error("{addr} does not support {api:?} (needed: versions {ours}, broker: {theirs})")]
     Unsupported {
@@ -64,12 +74,36 @@ pub enum WireError {
 /// (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), `ssl.ca.location`,
 /// `ssl.certificate.location`, `ssl.key.location`, `ssl.key.password`,
 /// `enable.ssl.certificate.verification`, `ssl.endpoint.identification.algorithm`, and for
-/// SASL only the PLAIN mechanism with `sasl.username`/`sasl.password`. Any other `ssl.*` or
-/// `sasl.*` setting is refused by name rather than ignored.
+/// SASL the PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 mechanisms with
+/// `sasl.username`/`sasl.password`. Any other `ssl.*` or `sasl.*` setting, and any other
+/// mechanism, is refused by name rather than ignored.
 #[derive(Clone, Default)]
 pub struct Security {
     tls: Option<Tls>,
-    sasl: Option<(String, String)>,
+    sasl: Option<Sasl>,
+}
+
+/// No `Debug`: it holds the password.
+#[derive(Clone)]
+struct Sasl {
+    mechanism: Mechanism,
+    user: String,
+    password: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mechanism {
+    Plain,
+    Scram(Hash),
+}
+
+impl Mechanism {
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::Scram(hash) => hash.mechanism(),
+        }
+    }
 }
 
 #[derive(Clone, Default)]
@@ -86,7 +120,10 @@ impl std::fmt::Debug for Security {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Security")
             .field("tls", &self.tls.is_some())
-            .field("sasl", &self.sasl.as_ref().map(|(user, _)| user))
+            .field(
+                "sasl",
+                &self.sasl.as_ref().map(|s| (s.mechanism.name(), &s.user)),
+            )
             .finish()
     }
 }
@@ -129,7 +166,7 @@ impl Security {
                 return Err(bad(
                     key,
                     "not supported by this command (supported: PLAINTEXT, SSL with PEM files, \
-                     SASL/PLAIN)"
+                     SASL/PLAIN, SASL/SCRAM-SHA-256, SASL/SCRAM-SHA-512)"
                         .into(),
                 ));
             }
@@ -172,25 +209,45 @@ impl Security {
             None
         };
         let sasl = if sasl {
-            let mechanism = get("sasl.mechanism")
-                .or_else(|| get("sasl.mechanisms"))
-                .unwrap_or_else(|| "GSSAPI".into());
-            if mechanism != "PLAIN" {
-                return Err(bad(
-                    "sasl.mechanism",
-                    format!("`{mechanism}` is not supported by this command (only PLAIN)"),
-                ));
-            }
-            let user = get("sasl.username")
-                .ok_or_else(|| bad("sasl.username", "missing for SASL/PLAIN".into()))?;
-            let password = get("sasl.password")
-                .ok_or_else(|| bad("sasl.password", "missing for SASL/PLAIN".into()))?;
-            Some((user, password))
+            Some(sasl_settings(&get)?)
         } else {
             None
         };
         Ok(Security { tls, sasl })
     }
+}
+
+/// The SASL mechanism and credentials of SASL_PLAINTEXT and SASL_SSL.
+fn sasl_settings(get: &impl Fn(&str) -> Option<String>) -> Result<Sasl, WireError> {
+    let bad = |key: &str, why: String| WireError::Setting {
+        key: key.to_string(),
+        why,
+    };
+    let mechanism = get("sasl.mechanism")
+        .or_else(|| get("sasl.mechanisms"))
+        .unwrap_or_else(|| "GSSAPI".into());
+    let mechanism = match mechanism.as_str() {
+        "PLAIN" => Mechanism::Plain,
+        "SCRAM-SHA-256" => Mechanism::Scram(Hash::Sha256),
+        "SCRAM-SHA-512" => Mechanism::Scram(Hash::Sha512),
+        other => {
+            return Err(bad(
+                "sasl.mechanism",
+                format!(
+                    "`{other}` is not supported by this command (supported: PLAIN, \
+                     SCRAM-SHA-256, SCRAM-SHA-512)"
+                ),
+            ));
+        }
+    };
+    let missing = |key: &str| bad(key, format!("missing for SASL/{}", mechanism.name()));
+    let user = get("sasl.username").ok_or_else(|| missing("sasl.username"))?;
+    let password = get("sasl.password").ok_or_else(|| missing("sasl.password"))?;
+    Ok(Sasl {
+        mechanism,
+        user,
+        password,
+    })
 }
 
 trait Stream: Read + Write + Send {}
@@ -234,8 +291,8 @@ impl Connection {
             versions: HashMap::new(),
         };
         connection.negotiate()?;
-        if let Some((user, password)) = &security.sasl {
-            connection.sasl_plain(user, password)?;
+        if let Some(sasl) = &security.sasl {
+            connection.authenticate(sasl)?;
         }
         Ok(connection)
     }
@@ -265,39 +322,70 @@ impl Connection {
         Ok(())
     }
 
-    fn sasl_plain(&mut self, user: &str, password: &str) -> Result<(), WireError> {
-        let addr = self.addr.clone();
-        let sasl = |why: String| WireError::Sasl { addr, why };
+    /// SaslHandshake with the mechanism, then its SaslAuthenticate rounds: one for PLAIN,
+    /// two for SCRAM (client-first and client-final), whose last answer proves that the broker
+    /// knows the password too.
+    fn authenticate(&mut self, sasl: &Sasl) -> Result<(), WireError> {
+        let name = sasl.mechanism.name();
         let handshake = self.call(
-            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str(name)),
         )?;
         if handshake.error_code != 0 {
-            return Err(sasl(format!(
-                "the broker refused PLAIN (error {}; it offers {:?})",
+            let enabled: Vec<&str> = handshake.mechanisms.iter().map(|m| m.as_str()).collect();
+            return Err(self.sasl(format!(
+                "the broker does not enable {name} (error {}; it enables: {})",
                 handshake.error_code,
-                handshake
-                    .mechanisms
-                    .iter()
-                    .map(|m| m.as_str())
-                    .collect::<Vec<_>>()
+                if enabled.is_empty() {
+                    "none".to_string()
+                } else {
+                    enabled.join(", ")
+                }
             )));
         }
-        let token = format!("\0{user}\0{password}");
-        let answer = self.call(
-            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token.into_bytes())),
-        )?;
+        match sasl.mechanism {
+            Mechanism::Plain => {
+                let token = format!("\0{}\0{}", sasl.user, sasl.password);
+                self.sasl_round(name, token.into_bytes())?;
+            }
+            Mechanism::Scram(hash) => {
+                let mut scram = Scram::new(hash, &sasl.user, &sasl.password);
+                let server_first = self.sasl_round(name, scram.client_first().into_bytes())?;
+                let client_final = scram
+                    .client_final(&server_first)
+                    .map_err(|e| self.sasl(format!("{name}: {e}")))?;
+                let server_final = self.sasl_round(name, client_final.into_bytes())?;
+                scram
+                    .verify_server_final(&server_final)
+                    .map_err(|e| self.sasl(format!("{name}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One SaslAuthenticate request; the broker's answer, or its refusal in its own words.
+    fn sasl_round(&mut self, mechanism: &'static str, token: Vec<u8>) -> Result<Bytes, WireError> {
+        let answer =
+            self.call(&SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)))?;
         if answer.error_code != 0 {
             let message = answer
                 .error_message
                 .as_ref()
-                .map(|m| m.as_str().to_string());
-            return Err(sasl(format!(
-                "authentication failed (error {}): {}",
-                answer.error_code,
-                message.unwrap_or_default()
-            )));
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default();
+            return Err(WireError::SaslAuthentication {
+                addr: self.addr.clone(),
+                mechanism,
+                message: format!("{message} (error {})", answer.error_code),
+            });
         }
-        Ok(())
+        Ok(answer.auth_bytes)
+    }
+
+    fn sasl(&self, why: String) -> WireError {
+        WireError::Sasl {
+            addr: self.addr.clone(),
+            why,
+        }
     }
 
     /// The highest version of `R` both sides speak.
@@ -490,9 +578,17 @@ mod tests {
         assert!(
             refused(&[
                 ("security.protocol", "SASL_SSL"),
-                ("sasl.mechanism", "SCRAM-SHA-512")
+                ("sasl.mechanism", "OAUTHBEARER")
             ])
-            .contains("SCRAM-SHA-512")
+            .contains("OAUTHBEARER")
+        );
+        assert!(
+            refused(&[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.username", "u")
+            ])
+            .contains("sasl.password")
         );
         assert!(refused(&[("security.protocol", "tls")]).contains("security.protocol"));
         assert!(
@@ -513,7 +609,32 @@ mod tests {
             ("sasl.password", "secret"),
         ]))
         .unwrap();
-        assert_eq!(s.sasl, Some(("u".into(), "secret".into())));
+        let sasl = s.sasl.as_ref().unwrap();
+        assert_eq!(sasl.mechanism, Mechanism::Plain);
+        assert_eq!(
+            (sasl.user.as_str(), sasl.password.as_str()),
+            ("u", "secret")
+        );
         assert!(!format!("{s:?}").contains("secret"));
+    }
+
+    #[test]
+    fn sasl_scram_takes_its_hash_from_the_mechanism() {
+        for (name, hash) in [
+            ("SCRAM-SHA-256", Hash::Sha256),
+            ("SCRAM-SHA-512", Hash::Sha512),
+        ] {
+            let s = Security::from_settings(&settings(&[
+                ("security.protocol", "SASL_PLAINTEXT"),
+                ("sasl.mechanism", name),
+                ("sasl.username", "onceflow"),
+                ("sasl.password", "onceflow-secret"),
+            ]))
+            .unwrap();
+            let sasl = s.sasl.as_ref().unwrap();
+            assert_eq!(sasl.mechanism, Mechanism::Scram(hash));
+            assert_eq!(sasl.mechanism.name(), name);
+            assert!(!format!("{s:?}").contains("onceflow-secret"));
+        }
     }
 }
