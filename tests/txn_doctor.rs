@@ -362,6 +362,115 @@ fn kafka_ca() -> String {
     std::env::var("ONCEFLOW_TEST_KAFKA_CA").expect("ONCEFLOW_TEST_KAFKA_CA")
 }
 
+/// The test broker's SASL_PLAINTEXT listeners (`scripts/kafka bootstrap --sasl`), whose SCRAM
+/// user is [`SCRAM_USER`] with [`SCRAM_PASSWORD`].
+fn sasl_bootstrap() -> String {
+    std::env::var("ONCEFLOW_TEST_BOOTSTRAP_SASL").expect("ONCEFLOW_TEST_BOOTSTRAP_SASL")
+}
+
+const SCRAM_USER: &str = "onceflow";
+const SCRAM_PASSWORD: &str = "onceflow-secret";
+
+/// The client settings of a SASL_PLAINTEXT connection with `mechanism`.
+fn sasl_settings(mechanism: &str, password: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("security.protocol", "SASL_PLAINTEXT".to_string()),
+        ("sasl.mechanism", mechanism.to_string()),
+        ("sasl.username", SCRAM_USER.to_string()),
+        ("sasl.password", password.to_string()),
+    ]
+}
+
+/// `txn doctor` over the SASL listener with `mechanism` and `password`.
+fn doctor_over_sasl(mechanism: &str, password: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_onceflow"));
+    command
+        .args(["txn", "doctor", "--bootstrap-servers", &sasl_bootstrap()])
+        .args(args);
+    for (key, value) in sasl_settings(mechanism, password) {
+        command.args(["-X", &format!("{key}={value}")]);
+    }
+    command.output().expect("run the doctor over SASL")
+}
+
+#[test]
+fn the_doctor_finds_and_ends_a_hanging_transaction_over_sasl_scram() {
+    let topic = unique("doctor-scram");
+    let foreign = unique("scram-exporter");
+    create_topics(&[&topic], 1);
+    produce_committed(&topic, BEFORE);
+    hang_a_transaction(&topic, &foreign);
+    produce_committed(&topic, AFTER);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Found with either hash, as over PLAINTEXT.
+    let look = ["--topic", &topic, "--older-than", "1s", "--json"];
+    for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512"] {
+        let found = doctor_over_sasl(mechanism, SCRAM_PASSWORD, &look);
+        assert_eq!(
+            found.status.code(),
+            Some(1),
+            "{mechanism}: {}",
+            String::from_utf8_lossy(&found.stderr)
+        );
+        let diagnosis = json(&found);
+        let open = transaction(&diagnosis, &foreign).expect("the foreign transaction listed");
+        assert_eq!(open["hanging"], true, "{mechanism}: {open}");
+        let held = partition(&diagnosis, &topic, 0);
+        assert_eq!(held["last_stable_offset"], count(BEFORE), "{mechanism}");
+        assert_eq!(held["holders"][0]["transactional_id"], foreign.as_str());
+    }
+
+    // A wrong password: the broker's refusal, and "could not look".
+    let refused = doctor_over_sasl("SCRAM-SHA-256", "not-the-password", &look);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("SASL authentication failed") && stderr.contains("invalid credentials"),
+        "{stderr}"
+    );
+    // A mechanism the listener does not enable: the ones it does are named.
+    let unoffered = doctor_over_sasl("PLAIN", SCRAM_PASSWORD, &look);
+    let stderr = String::from_utf8_lossy(&unoffered.stderr);
+    assert_eq!(unoffered.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("does not enable PLAIN")
+            && stderr.contains("SCRAM-SHA-256")
+            && stderr.contains("SCRAM-SHA-512"),
+        "{stderr}"
+    );
+
+    // Cured over SCRAM too: the fence goes to the coordinator through the same listener.
+    let cured = doctor_over_sasl(
+        "SCRAM-SHA-512",
+        SCRAM_PASSWORD,
+        &[
+            "--topic",
+            &topic,
+            "--older-than",
+            "1s",
+            "--abort",
+            "--yes",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        cured.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&cured.stdout),
+        String::from_utf8_lossy(&cured.stderr)
+    );
+    let report = json(&cured);
+    assert_eq!(report["after"]["healthy"], true, "{report}");
+    assert!(transaction(&report["after"], &foreign).is_none());
+    let ids: BTreeSet<u64> = read_records(&topic, 1, "read_committed")
+        .iter()
+        .map(|r| r.key.as_deref().expect("key").parse().expect("id"))
+        .collect();
+    assert_eq!(ids, BEFORE.chain(AFTER).collect::<BTreeSet<_>>());
+}
+
 fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -581,4 +690,86 @@ fn abort_markers_alone_free_the_partition_but_leave_the_coordinator_open_until_f
         .map(|r| r.key.as_deref().expect("key").parse().expect("id"))
         .collect();
     assert_eq!(ids, BEFORE.chain(AFTER).collect::<BTreeSet<_>>());
+}
+
+#[test]
+fn a_job_watches_its_outputs_over_sasl_scram() {
+    let input = unique("doctor-scram-in");
+    let output = unique("doctor-scram-out");
+    let foreign = unique("scram-writer");
+    create_topics(&[&input, &output], 1);
+    let ids: BTreeSet<u64> = (0..100).collect();
+    produce_ids(&input, ids.iter().copied());
+    let name = unique("doctor-scram-job");
+    // Every client of the job, its transaction watch included, on the SCRAM listener.
+    let mut yaml = topology_yaml(
+        &name,
+        &input,
+        &output,
+        "  transaction_timeout_ms: 10000\n  commit_interval_ms: 100\n",
+    );
+    yaml.push_str("kafka:\n  common:\n");
+    for (key, value) in sasl_settings("SCRAM-SHA-256", SCRAM_PASSWORD) {
+        yaml.push_str(&format!("    {key}: {value}\n"));
+    }
+    let (_dir, topology) = topology_file(&yaml);
+    let addr = free_addr();
+    let job = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(&topology)
+            .args([
+                "--bootstrap-servers",
+                &sasl_bootstrap(),
+                "--instance-id",
+                "scram-0",
+            ])
+            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn onceflow"),
+    );
+    assert_eq!(
+        wait_for_distinct(&output, 1, ids.len(), Duration::from_secs(120)),
+        ids.len()
+    );
+    wait_until(
+        "the job's first look at its outputs over SCRAM",
+        Duration::from_secs(30),
+        || {
+            let seen = watched(&addr, &output);
+            (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
+        },
+    );
+
+    // A foreign transaction hangs on the output: the watch, over SCRAM, sees it.
+    hang_a_transaction(&output, &foreign);
+    wait_until(
+        "the job to report the held partition",
+        Duration::from_secs(60),
+        || {
+            let seen = watched(&addr, &output);
+            let held = matches!(&seen, (Some(age), Some((503, why)))
+                if *age > 10.0 && why.contains(&format!("{output}-0")));
+            (!held).then_some(seen)
+        },
+    );
+    let cured = doctor_over_sasl(
+        "SCRAM-SHA-256",
+        SCRAM_PASSWORD,
+        &["--topic", &output, "--older-than", "5s", "--abort", "--yes"],
+    );
+    assert_eq!(
+        cured.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&cured.stdout),
+        String::from_utf8_lossy(&cured.stderr)
+    );
+    wait_until("the job to be ready again", Duration::from_secs(60), || {
+        let seen = watched(&addr, &output);
+        (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
+    });
+    terminate(job);
 }
