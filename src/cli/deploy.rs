@@ -13,6 +13,7 @@ pub enum DeployCommand {
     /// Write the manifests of a topology's job: a StatefulSet (pod name = instance id), a
     /// ConfigMap with the topology and its schema files, a headless and a metrics Service, a
     /// PodDisruptionBudget. Variables the topology uses come from the Secret `<job>-env`.
+    /// With `--values`, the values of the Helm chart deploy/helm/onceflow that make them.
     Render {
         /// The topology file.
         topology: PathBuf,
@@ -28,6 +29,11 @@ pub enum DeployCommand {
         /// The brokers the pods connect to.
         #[arg(long, default_value = "kafka:9092")]
         bootstrap_servers: String,
+        /// Write the values of the Helm chart deploy/helm/onceflow for this topology instead
+        /// of manifests (the chart makes the same objects from them; replicas, image,
+        /// namespace and brokers are the chart's values then).
+        #[arg(long, conflicts_with_all = ["replicas", "image", "namespace", "bootstrap_servers"])]
+        values: bool,
         /// Write here instead of standard output.
         #[arg(long, short)]
         out: Option<PathBuf>,
@@ -41,6 +47,7 @@ pub fn run(command: DeployCommand) -> anyhow::Result<bool> {
         image,
         namespace,
         bootstrap_servers,
+        values,
         out,
     } = command;
     // Variables are the pods' business: unset ones here expand to their defaults.
@@ -64,19 +71,26 @@ pub fn run(command: DeployCommand) -> anyhow::Result<bool> {
             .map_err(|e| anyhow::anyhow!("cannot read {f}: {e}"))?;
         files.push((f, content));
     }
-    let options = RenderOptions {
-        replicas,
-        image,
-        namespace,
-        bootstrap_servers,
+    let yaml = if values {
+        let values = deploy::chart_values(&topology, &file_name, &text, &files)
+            .map_err(anyhow::Error::msg)?;
+        let command = format!("onceflow deploy render {} --values", path.display());
+        deploy::values_to_yaml(&values, &command).map_err(anyhow::Error::msg)?
+    } else {
+        let options = RenderOptions {
+            replicas,
+            image,
+            namespace,
+            bootstrap_servers,
+        };
+        let documents = deploy::render(&topology, &file_name, &text, &files, &options)
+            .map_err(anyhow::Error::msg)?;
+        let command = format!(
+            "onceflow deploy render {} --replicas {replicas}",
+            path.display()
+        );
+        deploy::to_yaml(&documents, &command).map_err(anyhow::Error::msg)?
     };
-    let documents = deploy::render(&topology, &file_name, &text, &files, &options)
-        .map_err(anyhow::Error::msg)?;
-    let command = format!(
-        "onceflow deploy render {} --replicas {replicas}",
-        path.display()
-    );
-    let yaml = deploy::to_yaml(&documents, &command).map_err(anyhow::Error::msg)?;
     match out {
         Some(file) => std::fs::write(file, yaml)?,
         None => print!("{yaml}"),

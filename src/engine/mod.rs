@@ -748,6 +748,7 @@ impl<'t> Job<'t> {
         if now >= self.next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
             telemetry::build_info();
+            telemetry::started();
             self.next_tick = now + Duration::from_secs(1);
         }
         self.punctuate_if_due(consumer, txn, now)?;

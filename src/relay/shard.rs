@@ -37,6 +37,7 @@ impl Relay<'_> {
     /// then, counts the rows waiting.
     pub(super) fn housekeeping(&mut self) -> Result<(), PgError> {
         telemetry::build_info();
+        telemetry::started();
         let Some(conn) = &self.conn else {
             return Ok(());
         };

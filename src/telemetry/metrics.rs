@@ -28,6 +28,7 @@ pub const CONSUMER_LAG: &str = "onceflow_consumer_lag_records";
 pub const REBALANCES: &str = "onceflow_rebalances_total";
 pub const ASSIGNED_PARTITIONS: &str = "onceflow_assigned_partitions";
 pub const BUILD_INFO: &str = "onceflow_build_info";
+pub const START_TIME: &str = "onceflow_process_start_time_seconds";
 pub const PRODUCER_REBUILDS: &str = "onceflow_producer_rebuilds_total";
 pub const FENCED: &str = "onceflow_fenced_total";
 pub const RETRIES: &str = "onceflow_retries_total";
@@ -66,6 +67,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
     (
         BUILD_INFO,
         "1, labelled with the build: onceflow's version and commit, and librdkafka's version.",
+    ),
+    (
+        START_TIME,
+        "When this process started, in seconds since the Unix epoch: a new value is a restart.",
     ),
     (
         RECORDS_CONSUMED,
@@ -289,6 +294,7 @@ pub fn install(topology: &str) -> Result<PrometheusHandle, BuildError> {
             )
         })?
         .install_recorder()?;
+    crate::telemetry::started();
     describe();
     Ok(handle)
 }

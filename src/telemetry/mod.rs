@@ -78,6 +78,19 @@ pub fn build_info() {
     .set(1.0);
 }
 
+/// When this process started (the first call), as a gauge: set again with the build's, so that
+/// it outlives the gauges' idle timeout.
+pub fn started() {
+    static START: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    });
+    gauge!(m::START_TIME).set(*start);
+}
+
 /// The oldest open transaction on an output partition, as its leader reports it.
 pub fn output_txn_age(topic: &str, partition: i32, age_ms: i64) {
     gauge!(m::OUTPUT_TXN_AGE, "topic" => topic.to_string(), "partition" => partition.to_string())
