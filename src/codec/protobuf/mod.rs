@@ -1,8 +1,8 @@
 //! Protobuf in the Confluent wire format: magic byte 0, a 4-byte big-endian schema id, the
 //! message indexes (which message of the schema's file the value is), then the protobuf
 //! message. Schemas are `.proto` text from the registry, with the files they import
-//! (registered as references), compiled at run time by protox; messages are read and written
-//! as prost-reflect's dynamic messages.
+//! (registered as references), compiled at run time by protox; messages are read by
+//! onceflow's own reader ([`read`]) and written as prost-reflect's dynamic messages.
 //!
 //! A decoded message is the same document a JSON value decodes to ([`crate::codec::json::Doc`]),
 //! in protobuf's JSON mapping as [`doc`] sets it: fields by their `.proto` names, every field
