@@ -33,6 +33,11 @@ pub fn to_doc(message: &DynamicMessage) -> Result<Doc<'static>, String> {
     }
 }
 
+/// `message`'s value in the mapping (a well-known type's own value, such as a timestamp's text).
+pub fn value_of(message: &DynamicMessage) -> Result<Json, String> {
+    serde_json::to_value(Root(message)).map_err(|e| e.to_string())
+}
+
 /// `doc` as a message of type `descriptor`; the error names the field at fault.
 pub fn from_doc(
     descriptor: &MessageDescriptor,

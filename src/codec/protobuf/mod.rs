@@ -1,8 +1,8 @@
 //! Protobuf in the Confluent wire format: magic byte 0, a 4-byte big-endian schema id, the
 //! message indexes (which message of the schema's file the value is), then the protobuf
 //! message. Schemas are `.proto` text from the registry, with the files they import
-//! (registered as references), compiled at run time by protox; messages are read and written
-//! as prost-reflect's dynamic messages.
+//! (registered as references), compiled at run time by protox; messages are read by
+//! onceflow's own reader ([`read`]) and written as prost-reflect's dynamic messages.
 //!
 //! A decoded message is the same document a JSON value decodes to ([`crate::codec::json::Doc`]),
 //! in protobuf's JSON mapping as [`doc`] sets it: fields by their `.proto` names, every field
@@ -13,11 +13,15 @@
 //! 64-bit integers as text).
 //!
 //! * Decoding: the writer's schema by the id in the value (fetched and compiled once per id,
-//!   then cached), the message by its indexes.
+//!   then cached), the message by its indexes, read by [`read`] over the message compiled to
+//!   [`table`]s once per id and indexes (prost-reflect's dynamic message for what the tables do
+//!   not cover: a well-known type at the root, groups, extensions).
 //! * Encoding: with the output's schema and message, registered (or looked up) under its
 //!   subject when the job starts, so encoding never calls the registry.
 
 pub mod doc;
+pub mod read;
+pub mod table;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -27,6 +31,7 @@ use prost_reflect::prost::Message as _;
 use prost_reflect::{DynamicMessage, FileDescriptor, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
+use self::table::Table;
 use super::registry::{Format, Reference, Registered, Registry};
 use super::{CodecError, Decoder, Encoder, Value};
 use crate::record::ErrorKind;
@@ -230,14 +235,43 @@ pub struct ProtobufDecoder {
     registry: Arc<Registry>,
     /// The compiled schema of each id met, or why it has none for good.
     schemas: RwLock<HashMap<u32, Result<Arc<Schema>, CodecError>>>,
+    /// The tables of each message met, by schema id and indexes (`None`: read by
+    /// prost-reflect).
+    tables: RwLock<HashMap<(u32, Vec<i32>), Tables>>,
 }
+
+/// A message's tables, `None` when prost-reflect reads it.
+type Tables = Option<Arc<Table>>;
 
 impl ProtobufDecoder {
     pub fn new(registry: Arc<Registry>) -> ProtobufDecoder {
         ProtobufDecoder {
             registry,
             schemas: RwLock::new(HashMap::new()),
+            tables: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The tables of the message at `key`'s indexes in `schema`, compiled on first use.
+    fn table(
+        &self,
+        schema: &Schema,
+        key: (u32, Vec<i32>),
+    ) -> Result<(MessageDescriptor, Option<Arc<Table>>), CodecError> {
+        let (id, indexes) = &key;
+        let descriptor = schema.message_at(indexes).ok_or_else(|| {
+            bad(format!(
+                "schema id {id} has no message at index {indexes:?} (it declares {} top-level \
+                 message(s))",
+                schema.file.messages().len()
+            ))
+        })?;
+        if let Some(t) = read(&self.tables).get(&key) {
+            return Ok((descriptor, t.clone()));
+        }
+        let table = Table::compile(&descriptor).ok().map(Arc::new);
+        write(&self.tables).insert(key, table.clone());
+        Ok((descriptor, table))
     }
 
     fn schema(&self, id: u32) -> Result<Arc<Schema>, CodecError> {
@@ -270,19 +304,20 @@ impl Decoder for ProtobufDecoder {
         let schema = self.schema(id)?;
         let (indexes, body) = wire::read_indexes(rest)
             .map_err(|e| bad(format!("schema id {id}: the message indexes: {e}")))?;
-        let descriptor = schema.message_at(&indexes).ok_or_else(|| {
-            bad(format!(
-                "schema id {id} has no message at index {indexes:?} (it declares {} top-level \
-                 message(s))",
-                schema.file.messages().len()
-            ))
-        })?;
-        let message = DynamicMessage::decode(descriptor.clone(), body).map_err(|e| {
+        let (descriptor, table) = self.table(&schema, (id, indexes))?;
+        let invalid = |e: String| {
             bad(format!(
                 "schema id {id}: not a valid `{}` message: {e}",
                 descriptor.full_name()
             ))
-        })?;
+        };
+        if let Some(table) = table {
+            return read::decode(&table, body)
+                .map(|d| Value::Json(Some(d)))
+                .map_err(invalid);
+        }
+        let message =
+            DynamicMessage::decode(descriptor.clone(), body).map_err(|e| invalid(e.to_string()))?;
         doc::to_doc(&message)
             .map(|d| Value::Json(Some(d)))
             .map_err(|e| bad(format!("schema id {id}: {e}")))
@@ -362,3 +397,6 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod props;
