@@ -507,6 +507,37 @@ fn wait_until<T: std::fmt::Debug>(
     }
 }
 
+/// `onceflow run` of `topology` on `bootstrap` as `instance`, with its metrics on a free
+/// address (returned): its transaction watch is read there.
+fn watching_job(
+    topology: &std::path::Path,
+    bootstrap: &str,
+    instance: &str,
+) -> (KillOnDrop, String) {
+    let addr = free_addr();
+    let job = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .arg("run")
+            .arg(topology)
+            .args(["--bootstrap-servers", bootstrap, "--instance-id", instance])
+            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn onceflow"),
+    );
+    (job, addr)
+}
+
+/// Waits until the job at `addr` has looked at `output`'s open transactions (an age under
+/// 10 s) and is ready.
+fn wait_for_first_look(addr: &str, output: &str, what: &str) {
+    wait_until(what, Duration::from_secs(30), || {
+        let seen = watched(addr, output);
+        (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
+    });
+}
+
 #[test]
 fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_ends_it() {
     let input = unique("doctor-job-in");
@@ -522,35 +553,12 @@ fn a_job_reports_a_foreign_transaction_hanging_on_its_output_until_the_doctor_en
         &output,
         "  transaction_timeout_ms: 10000\n  commit_interval_ms: 100\n",
     ));
-    let addr = free_addr();
-    let job = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_onceflow"))
-            .arg("run")
-            .arg(&topology)
-            .args([
-                "--bootstrap-servers",
-                &bootstrap(),
-                "--instance-id",
-                "doc-0",
-            ])
-            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn onceflow"),
-    );
+    let (job, addr) = watching_job(&topology, &bootstrap(), "doc-0");
     assert_eq!(
         wait_for_distinct(&output, 2, first.len(), Duration::from_secs(120)),
         first.len()
     );
-    wait_until(
-        "the job's first look at its outputs",
-        Duration::from_secs(30),
-        || {
-            let seen = watched(&addr, &output);
-            (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
-        },
-    );
+    wait_for_first_look(&addr, &output, "the job's first look at its outputs");
 
     // A foreign producer dies mid-transaction on the job's output: past the job's transaction
     // timeout (10 s) the job reports the partition held and turns unready, naming it.
@@ -713,34 +721,15 @@ fn a_job_watches_its_outputs_over_sasl_scram() {
         yaml.push_str(&format!("    {key}: {value}\n"));
     }
     let (_dir, topology) = topology_file(&yaml);
-    let addr = free_addr();
-    let job = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_onceflow"))
-            .arg("run")
-            .arg(&topology)
-            .args([
-                "--bootstrap-servers",
-                &sasl_bootstrap(),
-                "--instance-id",
-                "scram-0",
-            ])
-            .args(["--metrics-addr", &addr, "--progress-interval", "0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn onceflow"),
-    );
+    let (job, addr) = watching_job(&topology, &sasl_bootstrap(), "scram-0");
     assert_eq!(
         wait_for_distinct(&output, 1, ids.len(), Duration::from_secs(120)),
         ids.len()
     );
-    wait_until(
+    wait_for_first_look(
+        &addr,
+        &output,
         "the job's first look at its outputs over SCRAM",
-        Duration::from_secs(30),
-        || {
-            let seen = watched(&addr, &output);
-            (!matches!(seen, (Some(age), Some((200, _))) if age < 10.0)).then_some(seen)
-        },
     );
 
     // A foreign transaction hangs on the output: the watch, over SCRAM, sees it.
