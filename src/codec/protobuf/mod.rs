@@ -2,7 +2,7 @@
 //! message indexes (which message of the schema's file the value is), then the protobuf
 //! message. Schemas are `.proto` text from the registry, with the files they import
 //! (registered as references), compiled at run time by protox; messages are read by
-//! onceflow's own reader ([`read`]) and written as prost-reflect's dynamic messages.
+//! onceflow's own reader ([`mod@read`]) and written as prost-reflect's dynamic messages.
 //!
 //! A decoded message is the same document a JSON value decodes to ([`crate::codec::json::Doc`]),
 //! in protobuf's JSON mapping as [`doc`] sets it: fields by their `.proto` names, every field
@@ -13,7 +13,7 @@
 //! 64-bit integers as text).
 //!
 //! * Decoding: the writer's schema by the id in the value (fetched and compiled once per id,
-//!   then cached), the message by its indexes, read by [`read`] over the message compiled to
+//!   then cached), the message by its indexes, read by [`mod@read`] over the message compiled to
 //!   [`table`]s once per id and indexes (prost-reflect's dynamic message for what the tables do
 //!   not cover: a well-known type at the root, groups, extensions).
 //! * Encoding: with the output's schema and message, registered (or looked up) under its

@@ -1,4 +1,4 @@
-//! The property test of [`super::read`]: random messages of the test schemas (every kind,
+//! The property test of [`mod@super::read`]: random messages of the test schemas (every kind,
 //! nested, repeated packed and unpacked, maps, enums with unknown numbers, oneofs, optional
 //! fields, well-known types, unknown fields, repeated and merged fields), and the same bytes
 //! cut short or with bytes changed, read by the tables and by prost-reflect's dynamic message

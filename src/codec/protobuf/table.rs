@@ -1,4 +1,4 @@
-//! A message compiled to flat tables once per schema, for [`super::read`]: each message's
+//! A message compiled to flat tables once per schema, for [`mod@super::read`]: each message's
 //! fields in field-number order (the order the document lists them in) with their name,
 //! kind, shape (single, list, map), presence, oneof and default, a field-number index, each
 //! enum's value names, and the well-known types the JSON mapping writes as their own values.
