@@ -747,8 +747,7 @@ impl<'t> Job<'t> {
         self.paused.resume_due(consumer, now);
         if now >= self.next_tick {
             telemetry::open_txn_age(txn.age(now).unwrap_or_default());
-            telemetry::build_info();
-            telemetry::started();
+            telemetry::process_info();
             self.next_tick = now + Duration::from_secs(1);
         }
         self.punctuate_if_due(consumer, txn, now)?;

@@ -97,7 +97,19 @@ enum Mechanism {
     Scram(Hash),
 }
 
+/// The mechanisms this client speaks, by name.
+const MECHANISMS: [Mechanism; 3] = [
+    Mechanism::Plain,
+    Mechanism::Scram(Hash::Sha256),
+    Mechanism::Scram(Hash::Sha512),
+];
+
 impl Mechanism {
+    /// `PLAIN, SCRAM-SHA-256, SCRAM-SHA-512`: for messages.
+    fn supported() -> String {
+        MECHANISMS.map(Mechanism::name).join(", ")
+    }
+
     fn name(self) -> &'static str {
         match self {
             Mechanism::Plain => "PLAIN",
@@ -165,9 +177,11 @@ impl Security {
             {
                 return Err(bad(
                     key,
-                    "not supported by this command (supported: PLAINTEXT, SSL with PEM files, \
-                     SASL/PLAIN, SASL/SCRAM-SHA-256, SASL/SCRAM-SHA-512)"
-                        .into(),
+                    format!(
+                        "not supported by this command (supported: PLAINTEXT, SSL with PEM \
+                         files, SASL with {})",
+                        Mechanism::supported()
+                    ),
                 ));
             }
         }
@@ -226,19 +240,14 @@ fn sasl_settings(get: &impl Fn(&str) -> Option<String>) -> Result<Sasl, WireErro
     let mechanism = get("sasl.mechanism")
         .or_else(|| get("sasl.mechanisms"))
         .unwrap_or_else(|| "GSSAPI".into());
-    let mechanism = match mechanism.as_str() {
-        "PLAIN" => Mechanism::Plain,
-        "SCRAM-SHA-256" => Mechanism::Scram(Hash::Sha256),
-        "SCRAM-SHA-512" => Mechanism::Scram(Hash::Sha512),
-        other => {
-            return Err(bad(
-                "sasl.mechanism",
-                format!(
-                    "`{other}` is not supported by this command (supported: PLAIN, \
-                     SCRAM-SHA-256, SCRAM-SHA-512)"
-                ),
-            ));
-        }
+    let Some(mechanism) = MECHANISMS.into_iter().find(|m| m.name() == mechanism) else {
+        return Err(bad(
+            "sasl.mechanism",
+            format!(
+                "`{mechanism}` is not supported by this command (supported: {})",
+                Mechanism::supported()
+            ),
+        ));
     };
     let missing = |key: &str| bad(key, format!("missing for SASL/{}", mechanism.name()));
     let user = get("sasl.username").ok_or_else(|| missing("sasl.username"))?;

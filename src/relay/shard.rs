@@ -36,8 +36,7 @@ impl Relay<'_> {
     /// Takes free shards (up to `max_shards`), takes the age of the oldest row and, now and
     /// then, counts the rows waiting.
     pub(super) fn housekeeping(&mut self) -> Result<(), PgError> {
-        telemetry::build_info();
-        telemetry::started();
+        telemetry::process_info();
         let Some(conn) = &self.conn else {
             return Ok(());
         };

@@ -64,9 +64,14 @@ pub fn open_txn_age(age: Duration) {
     gauge!(m::TXN_OPEN_AGE).set(age.as_secs_f64());
 }
 
-/// `onceflow_build_info`: set by the loops' one-second tick, as gauges not set for a minute
-/// are dropped.
-pub fn build_info() {
+/// The process's gauges, `onceflow_build_info` and its start time: set by the loops'
+/// one-second tick, as gauges not set for a minute are dropped.
+pub fn process_info() {
+    build_info();
+    started();
+}
+
+fn build_info() {
     static LIBRDKAFKA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let librdkafka = LIBRDKAFKA.get_or_init(|| rdkafka::util::get_rdkafka_version().1);
     gauge!(
@@ -78,8 +83,7 @@ pub fn build_info() {
     .set(1.0);
 }
 
-/// When this process started (the first call), as a gauge: set again with the build's, so that
-/// it outlives the gauges' idle timeout.
+/// When this process started (the first call), as a gauge.
 pub fn started() {
     static START: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     let start = START.get_or_init(|| {

@@ -235,13 +235,13 @@ pub struct ProtobufDecoder {
     registry: Arc<Registry>,
     /// The compiled schema of each id met, or why it has none for good.
     schemas: RwLock<HashMap<u32, Result<Arc<Schema>, CodecError>>>,
-    /// The tables of each message met, by schema id and indexes (`None`: read by
-    /// prost-reflect).
-    tables: RwLock<HashMap<(u32, Vec<i32>), Tables>>,
+    /// Each message met, by schema id and indexes: its descriptor and its tables (`None`:
+    /// read by prost-reflect).
+    tables: RwLock<HashMap<(u32, Vec<i32>), Compiled>>,
 }
 
-/// A message's tables, `None` when prost-reflect reads it.
-type Tables = Option<Arc<Table>>;
+/// A message of a schema: its descriptor, and its tables unless prost-reflect reads it.
+type Compiled = (MessageDescriptor, Option<Arc<Table>>);
 
 impl ProtobufDecoder {
     pub fn new(registry: Arc<Registry>) -> ProtobufDecoder {
@@ -252,12 +252,12 @@ impl ProtobufDecoder {
         }
     }
 
-    /// The tables of the message at `key`'s indexes in `schema`, compiled on first use.
-    fn table(
-        &self,
-        schema: &Schema,
-        key: (u32, Vec<i32>),
-    ) -> Result<(MessageDescriptor, Option<Arc<Table>>), CodecError> {
+    /// The message at `key`'s indexes in `schema` and its tables, looked up and compiled on
+    /// first use.
+    fn table(&self, schema: &Schema, key: (u32, Vec<i32>)) -> Result<Compiled, CodecError> {
+        if let Some(compiled) = read(&self.tables).get(&key) {
+            return Ok(compiled.clone());
+        }
         let (id, indexes) = &key;
         let descriptor = schema.message_at(indexes).ok_or_else(|| {
             bad(format!(
@@ -266,12 +266,10 @@ impl ProtobufDecoder {
                 schema.file.messages().len()
             ))
         })?;
-        if let Some(t) = read(&self.tables).get(&key) {
-            return Ok((descriptor, t.clone()));
-        }
         let table = Table::compile(&descriptor).ok().map(Arc::new);
-        write(&self.tables).insert(key, table.clone());
-        Ok((descriptor, table))
+        let compiled = (descriptor, table);
+        write(&self.tables).insert(key, compiled.clone());
+        Ok(compiled)
     }
 
     fn schema(&self, id: u32) -> Result<Arc<Schema>, CodecError> {
