@@ -21,6 +21,9 @@ pub const TRANSIENT_FAILURES: &str = "ONCEFLOW_FAILPOINT_TRANSIENT_FAILURES";
 /// transaction committed: the answer lost on the way, as when the coordinator's broker
 /// dies after it wrote the commit.
 pub const LOSE_COMMIT_EVERY: &str = "ONCEFLOW_FAILPOINT_LOSE_COMMIT_EVERY";
+/// The n-th call of `send_offsets_to_transaction` in the process does not return for an
+/// hour: a call whose answer never reaches the client.
+pub const HANG_SEND_OFFSETS: &str = "ONCEFLOW_FAILPOINT_HANG_SEND_OFFSETS";
 /// The process aborts right after the n-th database commit of its sinks, before the Kafka
 /// transaction commits.
 pub const EXIT_AFTER_DB_COMMIT: &str = "ONCEFLOW_FAILPOINT_EXIT_AFTER_DB_COMMIT";
@@ -38,6 +41,7 @@ pub const START_DELAY_MS: &str = "ONCEFLOW_FAILPOINT_START_DELAY_MS";
 pub struct Failpoints {
     pub abort_every: Option<u64>,
     pub lose_commit_every: Option<u64>,
+    pub hang_send_offsets: Option<u64>,
     pub transient_failures: u64,
     pub exit_after_db_commit: Option<u64>,
     pub exit_after_kafka_commit: Option<u64>,
@@ -55,6 +59,7 @@ impl Failpoints {
         Failpoints {
             abort_every: number(ABORT_EVERY).filter(|n| *n > 0),
             lose_commit_every: number(LOSE_COMMIT_EVERY).filter(|n| *n > 0),
+            hang_send_offsets: number(HANG_SEND_OFFSETS).filter(|n| *n > 0),
             transient_failures: number(TRANSIENT_FAILURES).unwrap_or(0),
             exit_after_db_commit: number(EXIT_AFTER_DB_COMMIT),
             exit_after_kafka_commit: number(EXIT_AFTER_KAFKA_COMMIT),
@@ -79,6 +84,7 @@ mod tests {
         let fp = Failpoints::from_lookup(|name| match name {
             ABORT_EVERY => Some("4".into()),
             LOSE_COMMIT_EVERY => Some("5".into()),
+            HANG_SEND_OFFSETS => Some("9".into()),
             TRANSIENT_FAILURES => Some(" 3".into()),
             EXIT_AFTER_DB_COMMIT => Some("2".into()),
             _ => None,
@@ -88,6 +94,7 @@ mod tests {
             Failpoints {
                 abort_every: Some(4),
                 lose_commit_every: Some(5),
+                hang_send_offsets: Some(9),
                 transient_failures: 3,
                 exit_after_db_commit: Some(2),
                 exit_after_kafka_commit: None,

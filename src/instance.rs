@@ -51,8 +51,10 @@ pub struct Summary {
 /// Each call is given the transaction timeout as its own (the retries around it are separate
 /// calls), so past that and 5 s of scheduling slack it is not coming back: stock librdkafka's
 /// send_offsets_to_transaction waited forever when the group coordinator's broker died
-/// (librdkafka#5456, #5511; vendor/patches/0005 makes it return at its timeout), and every
-/// second of this bound is a second of a partition held.
+/// (librdkafka#5456, #5511; vendor/patches/0005-0007 make it return). A call is abandoned
+/// with its client 2.5 s past its timeout already (`txn::bounded`): this bound is reached
+/// only by a call that could not be abandoned, and every second of it is a second of a
+/// partition held.
 pub fn call_bound(topology: &Topology) -> Duration {
     Duration::from_millis(
         topology

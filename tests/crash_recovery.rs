@@ -322,9 +322,20 @@ fn a_sigterm_while_the_job_starts_is_a_clean_stop() {
 /// `onceflow run` of instance `instance` that writes its summary (with its aborted
 /// transactions) to `summary` when it stops.
 fn spawn_with_summary(s: &Setup, instance: &str, summary: &std::path::Path) -> KillOnDrop {
+    spawn_with_summary_and_env(s, instance, summary, &[])
+}
+
+/// [`spawn_with_summary`], with `env` added to the process's environment.
+fn spawn_with_summary_and_env(
+    s: &Setup,
+    instance: &str,
+    summary: &std::path::Path,
+    env: &[(&str, &str)],
+) -> KillOnDrop {
     use std::process::{Command, Stdio};
     KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .envs(env.iter().copied())
             .arg("run")
             .arg(&s.topology)
             .args([
@@ -394,5 +405,60 @@ fn a_rolling_restart_aborts_at_most_the_transaction_in_flight_per_restarted_inst
     assert!(
         aborted <= 3,
         "{aborted} transactions aborted over a rolling restart of 3 instances (at most the one in flight per restarted instance)"
+    );
+}
+
+/// A transactional client call that never returns (a request whose answer never reaches the
+/// client, as after a coordinator's broker was SIGKILLed) is abandoned with its client, 2.5 s
+/// past its own timeout, and a new producer with the same transactional.id carries on in the
+/// same process: no exit, and every record once. Without that, the watchdog of client calls
+/// ends the process (exit 1) 5 s past the call's timeout.
+#[test]
+fn a_client_call_that_never_returns_is_abandoned_and_the_job_carries_on() {
+    let s = setup(
+        "hung-call",
+        "  transaction_timeout_ms: 5000\n  max_records_per_txn: 500\n",
+    );
+    let ids: BTreeSet<u64> = (0..20_000).collect();
+    let feeder = feed(&s, ids.clone(), 2_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let summary = dir.path().join("summary.json");
+    // The fifth send_offsets_to_transaction of the process does not return.
+    let child = std::cell::RefCell::new(spawn_with_summary_and_env(
+        &s,
+        "hung-call-0",
+        &summary,
+        &[("ONCEFLOW_FAILPOINT_HANG_SEND_OFFSETS", "5")],
+    ));
+    let exited = std::cell::Cell::new(None);
+    let seen = wait_for_distinct_while(
+        &s.output,
+        PARTITIONS,
+        ids.len(),
+        Duration::from_secs(180),
+        &|| {
+            let status = child.borrow_mut().try_wait().expect("try_wait");
+            exited.set(status);
+            status.is_none()
+        },
+    );
+    feeder.join().expect("feeder");
+    assert_eq!(
+        exited.get(),
+        None,
+        "the job exited with a call hung ({seen} of {} records through)",
+        ids.len()
+    );
+    terminate(child.into_inner());
+    assert_eq!(seen, ids.len(), "not every record came through");
+    assert_exactly_once(&ids, &read_all(&s.output, PARTITIONS, "read_committed"));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).expect("summary")).expect("json");
+    assert!(
+        json["producer_rebuilds"]
+            .as_u64()
+            .expect("producer_rebuilds")
+            >= 1,
+        "no producer was rebuilt: the hung call was not reached ({json})"
     );
 }

@@ -30,6 +30,7 @@ pub const ASSIGNED_PARTITIONS: &str = "onceflow_assigned_partitions";
 pub const BUILD_INFO: &str = "onceflow_build_info";
 pub const START_TIME: &str = "onceflow_process_start_time_seconds";
 pub const PRODUCER_REBUILDS: &str = "onceflow_producer_rebuilds_total";
+pub const CALLS_ABANDONED: &str = "onceflow_client_calls_abandoned_total";
 pub const FENCED: &str = "onceflow_fenced_total";
 pub const RETRIES: &str = "onceflow_retries_total";
 pub const CONSUMER_ERRORS: &str = "onceflow_consumer_errors_total";
@@ -127,6 +128,10 @@ pub const CATALOGUE: &[(&str, &str)] = &[
         "Partitions currently assigned to this instance.",
     ),
     (PRODUCER_REBUILDS, "Producers rebuilt after a fatal error."),
+    (
+        CALLS_ABANDONED,
+        "Transactional client calls abandoned, with their client, for not returning long after their timeout, by stage.",
+    ),
     (
         FENCED,
         "Fencing events: another instance took over this instance's identity, by client.",

@@ -112,6 +112,16 @@ pub fn txn_retry(operation: &'static str, attempt: u32, error: &dyn std::fmt::Di
     warn!(operation, attempt, %error, "retriable transaction error; calling again");
 }
 
+pub fn client_call_abandoned(call: &'static str, after: std::time::Duration, stuck: usize) {
+    counter!(m::CALLS_ABANDONED, "stage" => call).increment(1);
+    error!(
+        call,
+        after_s = after.as_secs_f64(),
+        stuck,
+        "a transactional client call has not returned long after its timeout: abandoned with its client; a new producer takes the transactional.id"
+    );
+}
+
 pub fn producer_rebuilt(error: &dyn std::fmt::Display, fenced: bool) {
     counter!(m::PRODUCER_REBUILDS).increment(1);
     if fenced {

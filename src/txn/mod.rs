@@ -4,6 +4,8 @@
 //! * [`producer`]: the transactional producer, the only caller of `init_transactions`,
 //!   `begin_transaction`, `send_offsets_to_transaction`, `commit_transaction` and
 //!   `abort_transaction`; each call retried as the classifier says and watched for hangs.
+//! * [`bounded`]: a call on a thread of its own, abandoned with its client when it has not
+//!   returned well past its own timeout.
 //! * [`collector`]: sending records and tracking their deliveries (a failed delivery fails
 //!   its transaction; a commit waits for every delivery first).
 //! * [`coordinator`]: the transaction's state ([`Txn`]): lazy begin, when it is due, the
@@ -14,6 +16,7 @@
 //!   membership lost), pure.
 //! * [`offsets`]: the offsets a transaction commits (last processed + 1).
 
+mod bounded;
 pub mod classify;
 mod collector;
 mod coordinator;

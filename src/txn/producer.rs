@@ -3,21 +3,24 @@
 //! `commit_transaction`, `abort_transaction`) in the whole crate.
 //!
 //! Every call but `begin` (local, immediate) retries retriable errors as the classifier says
-//! until the operation timeout, and is watched: one that has not returned long after its own
-//! timeout (as librdkafka#5456 did before vendor/patches/0005) makes the process unhealthy
-//! and ends it. Without transactions
-//! (at-least-once) the transactional calls do nothing.
+//! until the operation timeout. Each attempt runs on a thread of its own ([`bounded`]): one
+//! that has not returned [`bounded::ABANDON_AFTER`] past its own timeout is abandoned with
+//! its client, which then counts as failed fatally, and the producer is rebuilt. Each is also
+//! watched: one that could not be abandoned makes the process unhealthy and ends it. Without
+//! transactions (at-least-once) the transactional calls do nothing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::Producer as _;
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, TopicPartitionList};
 
 use super::TxnError;
+use super::bounded;
 use super::classify::{TxnAction, classify, is_fencing_code, traits_of};
 use super::collector::{Client, DeliveryTracker};
 use crate::fence::Fences;
@@ -96,6 +99,8 @@ pub(super) struct Producer {
 #[derive(Clone)]
 pub(super) struct Calls {
     client: Arc<Client>,
+    /// A call of this client was abandoned ([`bounded`]): the client is unusable.
+    abandoned: Arc<AtomicBool>,
     /// Upper bound of one transactional call, retries included.
     timeout: Duration,
     health: Arc<Health>,
@@ -115,6 +120,7 @@ impl Producer {
         Ok(Producer {
             calls: Calls {
                 client: Arc::new(client),
+                abandoned: Arc::default(),
                 timeout,
                 health,
             },
@@ -170,7 +176,7 @@ impl Producer {
         }
         let timeout = self.calls.timeout;
         self.calls
-            .retrying("abort_transaction", |p| p.abort_transaction(timeout))
+            .retrying("abort_transaction", move |p| p.abort_transaction(timeout))
     }
 
     /// Replaces a producer that failed fatally, as [`Rebuilds`] allows: the new producer's
@@ -194,11 +200,16 @@ impl Producer {
         if fenced {
             std::thread::sleep(crate::fence::REBUILD_AFTER_FENCE);
         }
-        self.calls
-            .client
-            .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        // A client with a call abandoned is left alone: what it holds is in the transaction
+        // the new producer's initialization aborts.
+        if !self.calls.abandoned.load(Ordering::Acquire) {
+            self.calls
+                .client
+                .purge(rdkafka::producer::PurgeConfig::default().queue().inflight());
+        }
         let client = create_client(&self.config, self.calls.timeout, self.transactional)?;
         self.calls.client = Arc::new(client);
+        self.calls.abandoned = Arc::default();
         Ok(())
     }
 }
@@ -208,42 +219,45 @@ impl Calls {
         &self.client
     }
 
+    /// Whether the client failed fatally: it says so itself, or a call of it was abandoned.
     pub fn is_fatal(&self) -> bool {
-        self.client.client().fatal_error().is_some()
+        self.abandoned.load(Ordering::Acquire) || self.client.client().fatal_error().is_some()
     }
 
     pub fn send_offsets(
         &self,
         offsets: &TopicPartitionList,
-        metadata: &ConsumerGroupMetadata,
+        metadata: &Arc<ConsumerGroupMetadata>,
     ) -> KafkaResult<()> {
         let timeout = self.timeout;
-        self.retrying("send_offsets_to_transaction", |p| {
-            p.send_offsets_to_transaction(offsets, metadata, timeout)
+        let offsets = offsets.clone();
+        let metadata = Arc::clone(metadata);
+        self.retrying("send_offsets_to_transaction", move |p| {
+            hang_if_asked();
+            p.send_offsets_to_transaction(&offsets, &metadata, timeout)
         })
     }
 
     /// `commit_transaction`, retried and watched.
     pub fn end(&self) -> KafkaResult<()> {
         let timeout = self.timeout;
-        self.retrying("commit_transaction", |p| p.commit_transaction(timeout))
+        self.retrying("commit_transaction", move |p| p.commit_transaction(timeout))
     }
 
     /// Calls `op` again while the error is retriable, with a capped exponential backoff,
     /// until the operation timeout passes.
-    fn retrying<T>(
+    fn retrying<T: Send + 'static>(
         &self,
         operation: &'static str,
-        mut op: impl FnMut(&Client) -> KafkaResult<T>,
+        op: impl Fn(&Client) -> KafkaResult<T> + Send + Sync + 'static,
     ) -> KafkaResult<T> {
+        let op = Arc::new(op);
         let deadline = Instant::now() + self.timeout;
         let mut backoff = retry::CLIENT_CALL.retries();
         loop {
-            // Watched: librdkafka may wait forever past the call's own timeout
-            // (send_offsets_to_transaction on a lost coordinator, librdkafka#5456, before
-            // vendor/patches/0005).
+            // Watched: a call that could not be abandoned ends the process.
             self.health.call_started(operation);
-            let result = op(&self.client);
+            let result = self.attempt(operation, &op);
             self.health.call_finished();
             let err = match result {
                 Ok(v) => return Ok(v),
@@ -258,6 +272,44 @@ impl Calls {
             telemetry::txn_retry(operation, backoff.attempt(), &err);
             std::thread::sleep(delay);
         }
+    }
+
+    /// One attempt of a call, on a thread of its own: abandoned, with its client, when it has
+    /// not returned [`bounded::ABANDON_AFTER`] past its own timeout.
+    fn attempt<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        op: &Arc<impl Fn(&Client) -> KafkaResult<T> + Send + Sync + 'static>,
+    ) -> KafkaResult<T> {
+        let client = Arc::clone(&self.client);
+        let op = Arc::clone(op);
+        let bound = self.timeout + bounded::ABANDON_AFTER;
+        match bounded::call(bound, move || op(&client)) {
+            Some(result) => result,
+            None => {
+                self.abandoned.store(true, Ordering::Release);
+                telemetry::client_call_abandoned(operation, bound, bounded::stuck());
+                Err(KafkaError::Global(RDKafkaErrorCode::Fatal))
+            }
+        }
+    }
+}
+
+/// Calls of `send_offsets_to_transaction` in this process, for the failpoint that hangs one.
+static SEND_OFFSETS_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// The failpoint [`crate::failpoints::HANG_SEND_OFFSETS`]: the n-th call of
+/// `send_offsets_to_transaction` in the process does not return for an hour, as a call whose
+/// answer never reaches the client.
+fn hang_if_asked() {
+    static HANG_AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let Some(n) =
+        *HANG_AT.get_or_init(|| crate::failpoints::Failpoints::from_env().hang_send_offsets)
+    else {
+        return;
+    };
+    if SEND_OFFSETS_CALLS.fetch_add(1, Ordering::AcqRel) + 1 == n {
+        std::thread::sleep(Duration::from_secs(3_600));
     }
 }
 

@@ -2,6 +2,7 @@
 //! sent, the transaction ended (under at-least-once: the deliveries awaited, then the
 //! consumer's own offset commit).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{
@@ -69,11 +70,11 @@ impl Txn {
     pub(super) fn commit_request<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,
-    ) -> KafkaResult<(TopicPartitionList, ConsumerGroupMetadata)> {
+    ) -> KafkaResult<(TopicPartitionList, Arc<ConsumerGroupMetadata>)> {
         let metadata = consumer
             .group_metadata()
             .ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
-        Ok((self.offsets_to_commit()?, metadata))
+        Ok((self.offsets_to_commit()?, Arc::new(metadata)))
     }
 }
 
@@ -92,7 +93,7 @@ fn await_deliveries(client: &collector::Client, timeout: Duration) -> KafkaResul
 pub(super) fn end_transaction(
     calls: &Calls,
     offsets: &TopicPartitionList,
-    metadata: &ConsumerGroupMetadata,
+    metadata: &Arc<ConsumerGroupMetadata>,
     timeout: Duration,
     started: Instant,
 ) -> KafkaResult<StepTimes> {
