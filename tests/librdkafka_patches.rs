@@ -141,6 +141,17 @@ impl MockCluster {
         );
     }
 
+    /// Removes broker `broker` from the cluster: its connections closed, its partitions and
+    /// coordinator roles moved to the others, and it gone from the metadata.
+    fn decommission(&self, broker: i32) {
+        // SAFETY: the mock is alive with `self.handle`; the call only changes the cluster.
+        let err = unsafe { rdkafka_sys::rd_kafka_mock_broker_decommission(self.mock(), broker) };
+        assert_eq!(
+            err, RD_KAFKA_RESP_ERR_NO_ERROR,
+            "broker {broker} was not decommissioned"
+        );
+    }
+
     /// Starts recording the requests the cluster receives, for [`requests`](Self::requests).
     fn track_requests(&self) -> Result<(), rd_kafka_resp_err_t> {
         // SAFETY: the mock is alive with `self.handle`; the call only sets a flag.
@@ -561,4 +572,65 @@ fn send_offsets_returns_within_its_timeout_when_the_group_coordinator_is_down() 
         took >= Duration::from_millis(1_900) && took < Duration::from_secs(6),
         "the call returned after {took:?} with a 2 s timeout"
     );
+}
+
+/// A group coordinator that left the cluster is forgotten as one (vendor/patches/0007-*): once
+/// the client has seen the broker gone from the metadata (and decommissioned it),
+/// `send_offsets_to_transaction` looks the coordinator up again and succeeds. Stock librdkafka
+/// 2.12 keeps the broker in its coordinator cache, and the request waits for it to come up,
+/// which it never does (librdkafka#5511): with 0005 the call fails at its timeout, and every
+/// later call the same way while the cache entry is used.
+#[test]
+fn send_offsets_finds_the_new_group_coordinator_after_the_old_one_left_the_cluster() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let cluster = MockCluster::start(3).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    cluster.set_coordinator("transaction", "coordinator-left", 1);
+    cluster.set_coordinator("group", "g", 2);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("transactional.id", "coordinator-left")
+        // The metadata, which tells the client that the broker left, every 500 ms; the
+        // coordinator cache keeps an entry unused for metadata.max.age.ms (three refresh
+        // intervals by default), so that is set to its default, 15 minutes.
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .set("metadata.max.age.ms", "900000")
+        .create()
+        .unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "g")
+        .create()
+        .unwrap();
+    let metadata = consumer.group_metadata().expect("the group's metadata");
+    let mut offsets = TopicPartitionList::new();
+    offsets
+        .add_partition_offset("t", 0, Offset::Offset(1))
+        .expect("an offset");
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    // A first commit puts broker 2 in the coordinator cache.
+    producer.begin_transaction().unwrap();
+    producer
+        .send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(5))
+        .unwrap();
+    producer.commit_transaction(Duration::from_secs(5)).unwrap();
+
+    cluster.decommission(2);
+    // Several metadata refreshes: the client decommissions broker 2 too.
+    std::thread::sleep(Duration::from_millis(2_500));
+    producer.begin_transaction().unwrap();
+    let started = Instant::now();
+    let sent = producer.send_offsets_to_transaction(&offsets, &metadata, Duration::from_secs(5));
+    let took = started.elapsed();
+    eprintln!("send_offsets_to_transaction returned after {took:?}: {sent:?}");
+    sent.unwrap_or_else(|e| {
+        panic!("offsets not sent after the group coordinator left the cluster ({took:?}): {e}")
+    });
+    assert!(
+        took < Duration::from_secs(3),
+        "the new coordinator was found after {took:?}"
+    );
+    producer.commit_transaction(Duration::from_secs(5)).unwrap();
 }

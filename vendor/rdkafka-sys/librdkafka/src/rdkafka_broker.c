@@ -6228,6 +6228,21 @@ void rd_kafka_broker_decommission(rd_kafka_t *rk,
                 rd_kafka_cgrp_coord_dead(rk->rk_cgrp,
                                          RD_KAFKA_RESP_ERR__DESTROY_BROKER,
                                          "Group coordinator decommissioned");
+
+        /* The coordinator cache may hold this broker, and coordinator requests
+         * may wait for it to come up, which it never will now: on the main
+         * thread, forget it as a coordinator and run those requests again, so
+         * that they look the coordinator up anew (librdkafka#5511). */
+        if (!rd_kafka_terminating(rk)) {
+                rd_kafka_op_t *rko =
+                    rd_kafka_op_new_cb(rk, RD_KAFKA_OP_BROKER_MONITOR,
+                                       rd_kafka_broker_monitor_op_cb);
+                rd_kafka_broker_keep(rkb);
+                rko->rko_u.broker_monitor.rkb = rkb;
+                rko->rko_u.broker_monitor.cb =
+                    rd_kafka_coord_rkb_decommissioned_cb;
+                rd_kafka_q_enq(rk->rk_ops, rko);
+        }
         /* Send op to trigger queue/io wake-up.
          * Broker thread will destroy this thread reference.
          * WARNING: This is last time we can read from rkb in this thread! */

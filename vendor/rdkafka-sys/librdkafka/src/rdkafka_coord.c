@@ -622,6 +622,21 @@ void rd_kafka_coord_rkb_monitor_cb(rd_kafka_broker_t *rkb) {
 
 
 /**
+ * @brief Callback called from rdkafka main thread when \p rkb is
+ *        decommissioned (gone from the cluster's metadata): it is no
+ *        coordinator any more, and requests waiting for it to come up
+ *        look the coordinator up again.
+ *
+ * @locality rdkafka main thread
+ * @locks none
+ */
+void rd_kafka_coord_rkb_decommissioned_cb(rd_kafka_broker_t *rkb) {
+        rd_kafka_coord_cache_evict(&rkb->rkb_rk->rk_coord_cache, rkb);
+        rd_kafka_coord_rkb_monitor_cb(rkb);
+}
+
+
+/**
  * @brief Instance is terminating: destroy all coord reqs
  */
 void rd_kafka_coord_reqs_term(rd_kafka_t *rk) {

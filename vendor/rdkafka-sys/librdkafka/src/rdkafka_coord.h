@@ -129,6 +129,7 @@ void rd_kafka_coord_req(rd_kafka_t *rk,
                         void *reply_opaque);
 
 void rd_kafka_coord_rkb_monitor_cb(rd_kafka_broker_t *rkb);
+void rd_kafka_coord_rkb_decommissioned_cb(rd_kafka_broker_t *rkb);
 
 void rd_kafka_coord_reqs_term(rd_kafka_t *rk);
 void rd_kafka_coord_reqs_init(rd_kafka_t *rk);
