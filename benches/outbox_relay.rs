@@ -4,7 +4,7 @@
 //! ```sh
 //! scripts/kafka start; scripts/postgres start
 //! ONCEFLOW_BENCH_PG_URL=postgres://postgres@127.0.0.1:55432/onceflow_test \
-//! ONCEFLOW_BENCH_BOOTSTRAP=127.0.0.1:39092 cargo bench --bench outbox_relay
+//! ONCEFLOW_BENCH_BOOTSTRAP=127.0.0.1:17092 cargo bench --bench outbox_relay
 //! ```
 //!
 //! Throughput: rows of 1 KB (jsonb payloads) are inserted in one statement while a relay that

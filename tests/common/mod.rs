@@ -610,6 +610,27 @@ pub fn postgres_script(url: &str, command: &str) {
     );
 }
 
+/// Runs `scripts/kafka <args>` against the test broker: the node of scripts/kafka at the port
+/// of `ONCEFLOW_TEST_BOOTSTRAP` (and `ONCEFLOW_KAFKA_DIR`, if set, passed on).
+pub fn kafka_script(args: &[&str]) {
+    let port = bootstrap()
+        .split(',')
+        .next()
+        .and_then(|b| b.rsplit_once(':'))
+        .map(|(_, port)| port.to_string())
+        .expect("a port in ONCEFLOW_TEST_BOOTSTRAP");
+    let status = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka"))
+        .args(args)
+        .env("KAFKA_PORT", port)
+        .stdout(Stdio::null())
+        .status()
+        .expect("scripts/kafka");
+    assert!(
+        status.success(),
+        "scripts/kafka {args:?} failed (the test restarts the broker of scripts/kafka, with the same KAFKA_PORT and ONCEFLOW_KAFKA_DIR)"
+    );
+}
+
 /// A GET of a job's HTTP endpoint: its status and body.
 pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(addr).ok()?;
