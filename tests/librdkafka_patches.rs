@@ -187,6 +187,41 @@ impl MockCluster {
     }
 }
 
+/// A 3-broker mock cluster with topic `t` (1 partition), the transaction coordinator of
+/// `transactional_id` on broker 1 and group `g`'s on broker 2; a transactional producer with
+/// `settings` added, its transactions initialized; and group `g`'s metadata, for
+/// `send_offsets_to_transaction`.
+fn transactional(
+    transactional_id: &str,
+    settings: &[(&str, &str)],
+) -> (
+    MockCluster,
+    BaseProducer,
+    rdkafka::consumer::ConsumerGroupMetadata,
+) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let cluster = MockCluster::start(3).unwrap();
+    cluster.create_topic("t", 1).unwrap();
+    cluster.set_coordinator("transaction", transactional_id, 1);
+    cluster.set_coordinator("group", "g", 2);
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("transactional.id", transactional_id);
+    for (key, value) in settings {
+        config.set(*key, *value);
+    }
+    let producer: BaseProducer = config.create().unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .set("group.id", "g")
+        .create()
+        .unwrap();
+    let metadata = consumer.group_metadata().expect("the group's metadata");
+    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    (cluster, producer, metadata)
+}
+
 /// The idempotent (and so the transactional) producer may keep up to five requests
 /// in flight per partition. Stock librdkafka 2.12 compares that limit with the
 /// partition's messages in flight, so a batch of five or more records held the
@@ -448,25 +483,9 @@ fn a_refused_partition_registration_is_retried_sooner_and_sooner() {
 /// coordinator's broker was SIGKILLed: onceflow's watchdog stopped the process after 15 s).
 #[test]
 fn send_offsets_returns_within_its_timeout_when_the_transaction_coordinator_is_down() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
 
-    let cluster = MockCluster::start(3).unwrap();
-    cluster.create_topic("t", 1).unwrap();
-    cluster.set_coordinator("transaction", "add-offsets-timeout", 1);
-    cluster.set_coordinator("group", "g", 2);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("transactional.id", "add-offsets-timeout")
-        .create()
-        .unwrap();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("group.id", "g")
-        .create()
-        .unwrap();
-    let metadata = consumer.group_metadata().expect("the group's metadata");
-    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    let (cluster, producer, metadata) = transactional("add-offsets-timeout", &[]);
     producer.begin_transaction().unwrap();
     producer
         .send(BaseRecord::<(), _>::to("t").payload("in the transaction"))
@@ -510,26 +529,10 @@ fn send_offsets_returns_within_its_timeout_when_the_transaction_coordinator_is_d
 /// coordinator comes back, which here it does only after the test's 30 s.
 #[test]
 fn send_offsets_returns_within_its_timeout_when_the_group_coordinator_is_down() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
     use rdkafka::{Offset, TopicPartitionList};
 
-    let cluster = MockCluster::start(3).unwrap();
-    cluster.create_topic("t", 1).unwrap();
-    cluster.set_coordinator("transaction", "offsets-timeout", 1);
-    cluster.set_coordinator("group", "g", 2);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("transactional.id", "offsets-timeout")
-        .create()
-        .unwrap();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("group.id", "g")
-        .create()
-        .unwrap();
-    let metadata = consumer.group_metadata().expect("the group's metadata");
-    producer.init_transactions(Duration::from_secs(10)).unwrap();
+    let (cluster, producer, metadata) = transactional("offsets-timeout", &[]);
     producer.begin_transaction().unwrap();
     producer
         .send(BaseRecord::<(), _>::to("t").payload("in the transaction"))
@@ -582,34 +585,22 @@ fn send_offsets_returns_within_its_timeout_when_the_group_coordinator_is_down() 
 /// later call the same way while the cache entry is used.
 #[test]
 fn send_offsets_finds_the_new_group_coordinator_after_the_old_one_left_the_cluster() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
 
-    let cluster = MockCluster::start(3).unwrap();
-    cluster.create_topic("t", 1).unwrap();
-    cluster.set_coordinator("transaction", "coordinator-left", 1);
-    cluster.set_coordinator("group", "g", 2);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("transactional.id", "coordinator-left")
-        // The metadata, which tells the client that the broker left, every 500 ms; the
-        // coordinator cache keeps an entry unused for metadata.max.age.ms (three refresh
-        // intervals by default), so that is set to its default, 15 minutes.
-        .set("topic.metadata.refresh.interval.ms", "500")
-        .set("metadata.max.age.ms", "900000")
-        .create()
-        .unwrap();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("group.id", "g")
-        .create()
-        .unwrap();
-    let metadata = consumer.group_metadata().expect("the group's metadata");
+    let (cluster, producer, metadata) = transactional(
+        "coordinator-left",
+        &[
+            // The metadata, which tells the client that the broker left, every 500 ms; the
+            // coordinator cache keeps an entry unused for metadata.max.age.ms (three refresh
+            // intervals by default), so that is set to its default, 15 minutes.
+            ("topic.metadata.refresh.interval.ms", "500"),
+            ("metadata.max.age.ms", "900000"),
+        ],
+    );
     let mut offsets = TopicPartitionList::new();
     offsets
         .add_partition_offset("t", 0, Offset::Offset(1))
         .expect("an offset");
-    producer.init_transactions(Duration::from_secs(10)).unwrap();
     // A first commit puts broker 2 in the coordinator cache.
     producer.begin_transaction().unwrap();
     producer

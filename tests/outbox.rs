@@ -98,6 +98,25 @@ runtime:
     )
 }
 
+/// A relay topology of `n`'s table in a folder of its own (kept while the value lives), with
+/// `shards` its shards lines, and the file its relays' warnings go to (kept after the test:
+/// they explain a failure).
+fn relay_files(
+    n: &Names,
+    shards: &str,
+) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = dir.path().join("relay.yaml");
+    std::fs::write(
+        &topology,
+        relay_topology(&n.name, &n.outbox, &n.prefix, &n.channel, &n.dlq, shards),
+    )
+    .expect("write");
+    let log = std::env::temp_dir().join(format!("{}.log", n.name));
+    println!("relay log: {}", log.display());
+    (dir, topology, log)
+}
+
 /// `onceflow run` of a topology (a relay or a job), its log (warnings) appended to `log`.
 fn spawn_onceflow(topology: &Path, instance: &str, log: &Path, env: &[(&str, &str)]) -> KillOnDrop {
     let file = std::fs::OpenOptions::new()
@@ -484,34 +503,15 @@ fn assert_published_as_committed(db: &Db, topic: &str, orders: &str) {
 #[test]
 fn relays_publish_again_soon_after_a_broker_outage_during_their_takeover() {
     let _serial = serial();
-    let (
-        Names {
-            name,
-            outbox,
-            orders,
-            channel,
-            prefix,
-            topic,
-            dlq,
-        },
-        db,
-    ) = Names::create("relay-broker", 3);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = dir.path().join("relay.yaml");
-    std::fs::write(
-        &topology,
-        relay_topology(&name, &outbox, &prefix, &channel, &dlq, "shards: 4"),
-    )
-    .expect("write");
-    let log = std::env::temp_dir().join(format!("{name}.log"));
-    println!("relay log: {}", log.display());
+    let (n, db) = Names::create("relay-broker", 3);
+    let (_dir, topology, log) = relay_files(&n, "shards: 4");
     let mut relays = [
         spawn_onceflow(&topology, "a", &log, &[]),
         spawn_onceflow(&topology, "b", &log, &[]),
     ];
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (outbox, orders, stop) = (outbox.clone(), orders.clone(), Arc::clone(&stop));
+        let (outbox, orders, stop) = (n.outbox.clone(), n.orders.clone(), Arc::clone(&stop));
         std::thread::spawn(move || write_until(outbox, orders, stop))
     };
     std::thread::sleep(Duration::from_secs(5));
@@ -521,7 +521,7 @@ fn relays_publish_again_soon_after_a_broker_outage_during_their_takeover() {
     // by the server: the test's unique name is told by its first 40 characters.
     let cut = db.count(&format!(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'onceflow/{}%'",
-        &name[..name.len().min(40)]
+        &n.name[..n.name.len().min(40)]
     ));
     assert!(cut >= 2, "{cut} relay sessions cut");
     // The relays take their shards over again while the broker is away.
@@ -531,7 +531,7 @@ fn relays_publish_again_soon_after_a_broker_outage_during_their_takeover() {
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
-    let pending = format!("SELECT count(*) FROM {outbox}");
+    let pending = format!("SELECT count(*) FROM {}", n.outbox);
     // With the relays' fix the rows drained 4.8-12.3 s after the broker was back; without it, 58 s
     // after, or not within 60 s.
     let deadline = back + Duration::from_secs(40);
@@ -563,7 +563,7 @@ fn relays_publish_again_soon_after_a_broker_outage_during_their_takeover() {
     let [a, b] = relays;
     common::terminate(a);
     common::terminate(b);
-    assert_published_as_committed(&db, &topic, &orders);
+    assert_published_as_committed(&db, &n.topic, &n.orders);
 }
 
 #[test]
