@@ -114,6 +114,31 @@ pub fn create_replicated_topics(
     for r in results {
         r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
     }
+    // The controller answers once the topics exist; the broker's metadata may lag behind it
+    // (a client asking at once can be told a topic does not exist): wait until it has them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for name in names {
+        loop {
+            let seen = admin
+                .inner()
+                .fetch_metadata(Some(name), Duration::from_secs(5))
+                .ok()
+                .and_then(|m| {
+                    m.topics()
+                        .first()
+                        .filter(|t| t.error().is_none())
+                        .map(|t| t.partitions().len())
+                });
+            if seen == Some(partitions as usize) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "topic {name} not in the broker's metadata 30 s after its creation ({seen:?} partitions)"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// Writes records with ids `ids` (key = id, value = JSON with the id), idempotently.
