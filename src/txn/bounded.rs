@@ -41,7 +41,7 @@ pub fn stuck() -> usize {
 /// Runs `call` on a thread of its own and waits for it up to `bound`. `None`: it has not
 /// returned by then and is abandoned (it runs on, and its result is dropped when it comes).
 /// With [`MAX_STUCK`] calls already abandoned, or no thread to be had, it waits for the call
-/// whatever it takes.
+/// whatever it takes. A panic of the call panics here.
 pub fn call<T: Send + 'static>(
     bound: Duration,
     call: impl FnOnce() -> T + Send + 'static,
@@ -76,14 +76,20 @@ pub fn call<T: Send + 'static>(
     }
     match rx.recv_timeout(bound) {
         Ok(result) => return Some(result),
-        Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        // A panic on the call's thread is a defect, not a hung client: end as the loop would.
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the thread of a client call ended without its result: it panicked")
+        }
         Err(mpsc::RecvTimeoutError::Timeout) => {}
     }
     if abandon(&state) {
         return None;
     }
     // It returned meanwhile, or may not be abandoned: its result comes.
-    rx.recv().ok()
+    match rx.recv() {
+        Ok(result) => Some(result),
+        Err(_) => panic!("the thread of a client call ended without its result: it panicked"),
+    }
 }
 
 /// Marks a call that has not returned as abandoned, if fewer than [`MAX_STUCK`] are; false if
