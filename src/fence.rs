@@ -27,7 +27,12 @@
 //! it only by joining, so the takeovers form one chain: B joins (A fenced once), A joins again
 //! (B fenced once), B joins again (A fenced twice: A stops). A consumer fence is recovered
 //! from (this incarnation ends, a new one joins) unless the previous one was less than
-//! [`FENCE_WINDOW`] ago ([`CONSUMER_FENCES`]). The producer's fences do not take part: every
+//! [`FENCE_WINDOW`] ago ([`CONSUMER_FENCES`]). A fence that follows the consumer's own session
+//! timeout is the third cause, and is recovered from without being counted
+//! ([`ConsumerEnd::FencedAfterSessionTimeout`]): the replacement of a zombie, fenced once by
+//! the zombie's join, must not stop when the group coordinator's broker fails a few seconds
+//! later. Two live processes sharing an id keep their sessions, so their fences still count.
+//! The producer's fences do not take part: every
 //! join brings a new producer with it (a new incarnation) and every rebuild fences the other
 //! producer, so counted the same way one takeover would fence the survivor twice and could
 //! stop both. A fenced producer is rebuilt after [`REBUILD_AFTER_FENCE`], up to
@@ -159,6 +164,7 @@ impl Rejoins {
         match error {
             ConsumerEnd::Fenced if self.fences.recover(now) => Next::Rejoin(FENCED_REJOIN_AFTER),
             ConsumerEnd::Fenced => Next::FencedAgain,
+            ConsumerEnd::FencedAfterSessionTimeout => Next::Rejoin(FENCED_REJOIN_AFTER),
             ConsumerEnd::Refused if !self.consumed && now < self.deadline => {
                 Next::WaitForId(INSTANCE_ID_RETRY)
             }
@@ -167,11 +173,43 @@ impl Rejoins {
     }
 }
 
+/// How long after the consumer's own session timed out a fence is taken for a fence of its
+/// own expired membership. librdkafka times the session out itself when no heartbeat got an
+/// answer for `session.timeout.ms` (its coordinator's broker is gone), forgets its member id
+/// and joins again; the requests of the old membership that reach the new coordinator are
+/// answered `FENCED_INSTANCE_ID` within moments of the rejoin, which waits for the new
+/// coordinator to be found (seconds).
+pub const OWN_SESSION_FENCE: Duration = Duration::from_secs(30);
+
+/// What `engine::run` learns of an incarnation of the job beside its result.
+#[derive(Debug, Default)]
+pub struct Incarnation {
+    /// Whether it consumed a record.
+    pub consumed: bool,
+    /// When its consumer's session last timed out (librdkafka's own timeout, with no answer
+    /// from the group coordinator for `session.timeout.ms`).
+    pub session_timed_out: Option<Instant>,
+}
+
+impl Incarnation {
+    /// How its consumer ended, at `now`, on the fatal error `code`.
+    pub fn end(&self, code: RDKafkaErrorCode, now: Instant) -> ConsumerEnd {
+        let since = self
+            .session_timed_out
+            .map(|t| now.saturating_duration_since(t));
+        ConsumerEnd::of(code, since)
+    }
+}
+
 /// How an incarnation's consumer ended, as [`Rejoins`] tells them apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsumerEnd {
     /// `FENCED_INSTANCE_ID`.
     Fenced,
+    /// `FENCED_INSTANCE_ID` within [`OWN_SESSION_FENCE`] of the consumer's own session
+    /// timeout: the fence of its own previous membership, which a failover of the group
+    /// coordinator brings about. No other process need hold the id, so it is not counted.
+    FencedAfterSessionTimeout,
     /// `UNRELEASED_INSTANCE_ID`.
     Refused,
     /// Any other fatal error.
@@ -179,9 +217,15 @@ pub enum ConsumerEnd {
 }
 
 impl ConsumerEnd {
-    /// The end a consumer's fatal error `code` means.
-    pub fn of(code: RDKafkaErrorCode) -> ConsumerEnd {
+    /// The end a consumer's fatal error `code` means; `since_session_timeout` is how long
+    /// before it the consumer's session last timed out, if it did.
+    pub fn of(code: RDKafkaErrorCode, since_session_timeout: Option<Duration>) -> ConsumerEnd {
         match code {
+            RDKafkaErrorCode::FencedInstanceId
+                if since_session_timeout.is_some_and(|d| d <= OWN_SESSION_FENCE) =>
+            {
+                ConsumerEnd::FencedAfterSessionTimeout
+            }
             RDKafkaErrorCode::FencedInstanceId => ConsumerEnd::Fenced,
             RDKafkaErrorCode::UnreleasedInstanceId => ConsumerEnd::Refused,
             _ => ConsumerEnd::Other,
@@ -309,6 +353,58 @@ mod tests {
             r.after(ConsumerEnd::Fenced, false, start + s(1) + FENCE_WINDOW),
             Next::Rejoin(FENCED_REJOIN_AFTER),
             "a failover a window later"
+        );
+    }
+
+    #[test]
+    fn a_fence_of_the_consumers_own_expired_session_is_not_counted() {
+        let start = Instant::now();
+        let mut r = Rejoins::new(start);
+        let s = Duration::from_secs;
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, true, start),
+            Next::Rejoin(FENCED_REJOIN_AFTER),
+            "a zombie's join fences its replacement"
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::FencedAfterSessionTimeout, true, start + s(25)),
+            Next::Rejoin(FENCED_REJOIN_AFTER),
+            "the group coordinator's broker fails over 25 s later"
+        );
+        assert_eq!(
+            r.after(ConsumerEnd::Fenced, true, start + s(28)),
+            Next::FencedAgain,
+            "a fence of another process still counts against the first"
+        );
+    }
+
+    #[test]
+    fn a_fence_is_of_the_own_session_only_soon_after_the_session_timed_out() {
+        let fenced = RDKafkaErrorCode::FencedInstanceId;
+        assert_eq!(
+            ConsumerEnd::of(fenced, Some(Duration::ZERO)),
+            ConsumerEnd::FencedAfterSessionTimeout
+        );
+        assert_eq!(
+            ConsumerEnd::of(fenced, Some(OWN_SESSION_FENCE)),
+            ConsumerEnd::FencedAfterSessionTimeout
+        );
+        assert_eq!(
+            ConsumerEnd::of(fenced, Some(OWN_SESSION_FENCE + Duration::from_millis(1))),
+            ConsumerEnd::Fenced,
+            "a session that timed out long before says nothing of this fence"
+        );
+        assert_eq!(ConsumerEnd::of(fenced, None), ConsumerEnd::Fenced);
+        assert_eq!(
+            ConsumerEnd::of(RDKafkaErrorCode::UnreleasedInstanceId, Some(Duration::ZERO)),
+            ConsumerEnd::Refused
+        );
+        assert_eq!(
+            ConsumerEnd::of(
+                RDKafkaErrorCode::BrokerTransportFailure,
+                Some(Duration::ZERO)
+            ),
+            ConsumerEnd::Other
         );
     }
 }

@@ -24,7 +24,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 
 use crate::dlq;
-use crate::fence::{ConsumerEnd, Next, Rejoins};
+use crate::fence::{ConsumerEnd, Incarnation, Next, Rejoins};
 use crate::instance::{Identity, RunOptions, Summary, call_bound};
 use crate::kafka::clients;
 use crate::record::check_sizes;
@@ -112,15 +112,18 @@ pub fn run(
     // A fence, or an instance id refused: join again or stop, as crate::fence::Rejoins says.
     let mut rejoins = Rejoins::new(Instant::now());
     loop {
-        let mut consumed = false;
-        let result = run_once(topology, identity, options, shutdown, &mut consumed);
+        let mut seen = Incarnation::default();
+        let result = run_once(topology, identity, options, shutdown, &mut seen);
         let code = match &result {
             Err(EngineError::ConsumerFatal(code)) if !shutdown.load(Ordering::Relaxed) => *code,
             _ => return result.inspect_err(|e| telemetry::fatal(e)),
         };
-        match rejoins.after(ConsumerEnd::of(code), consumed, Instant::now()) {
+        let now = Instant::now();
+        let end = seen.end(code, now);
+        match rejoins.after(end, seen.consumed, now) {
             Next::Rejoin(after) => {
-                telemetry::rejoining_after_fence(&code, after);
+                let own_session = end == ConsumerEnd::FencedAfterSessionTimeout;
+                telemetry::rejoining_after_fence(&code, own_session, after);
                 std::thread::sleep(after);
             }
             Next::WaitForId(after) => {
@@ -140,13 +143,13 @@ pub fn run(
     }
 }
 
-/// One incarnation of the job; sets `consumed` when it consumed a record.
+/// One incarnation of the job; fills `seen` in.
 fn run_once(
     topology: &Topology,
     identity: &Identity,
     options: &RunOptions,
     shutdown: &AtomicBool,
-    consumed: &mut bool,
+    seen: &mut Incarnation,
 ) -> Result<Summary, EngineError> {
     let started = Instant::now();
     let _job_span = tracing::info_span!("job", topology = %topology.name).entered();
@@ -169,7 +172,8 @@ fn run_once(
         let consumer_fatal = consumer.client().fatal_error().map(|(code, _)| code);
         consumer_fence_first(e, consumer_fatal)
     });
-    *consumed = job.first_record.is_some();
+    seen.consumed = job.first_record.is_some();
+    seen.session_timed_out = consumer.context().session_timed_out();
     // Commit what is in flight on a clean stop; on an error, abort it (best effort: a
     // fenced producer cannot abort, and the broker aborts it on timeout or when the
     // transactional.id is next initialised).

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use rdkafka::ClientConfig;
+use rdkafka::config::RDKafkaLogLevel;
 
 use crate::topology::{GroupProtocol, Guarantee, Topology};
 
@@ -81,6 +82,18 @@ pub fn consumer_config(topology: &Topology, id: &Identity) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("auto.offset.reset", "earliest")
         .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
+    // The consumer's session timeout reaches the job only as a warning logged by librdkafka
+    // (crate::fence::ConsumerEnd::FencedAfterSessionTimeout): it is asked for even when the
+    // job's own logs show errors only.
+    if matches!(
+        c.log_level,
+        RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error
+    ) {
+        c.set_log_level(RDKafkaLogLevel::Warning);
+    }
     match topology.runtime.group_protocol {
         GroupProtocol::Classic => {
             c.set("partition.assignment.strategy", "cooperative-sticky")

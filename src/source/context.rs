@@ -3,7 +3,10 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
 
@@ -11,12 +14,18 @@ use crate::sync::lock;
 use crate::telemetry::{self, health::Health};
 use crate::txn::{AbortReason, Txn, TxnError};
 
+/// The facility of librdkafka's log line for a consumer session that timed out
+/// (`rd_kafka_cgrp_session_timeout_check`).
+const SESSION_TIMEOUT_LOG: &str = "SESSTMOUT";
+
 pub struct SourceContext {
     txn: Arc<Mutex<Txn>>,
     /// A fatal error raised inside a callback, for the loop to return.
     failure: Mutex<Option<TxnError>>,
     health: Arc<Health>,
     assigned: AtomicI64,
+    /// When the consumer's session last timed out, as librdkafka logs it.
+    session_timed_out: Mutex<Option<Instant>>,
 }
 
 impl SourceContext {
@@ -26,6 +35,7 @@ impl SourceContext {
             failure: Mutex::new(None),
             health,
             assigned: AtomicI64::new(0),
+            session_timed_out: Mutex::new(None),
         }
     }
 
@@ -37,6 +47,13 @@ impl SourceContext {
         if let Err(e) = txn.state().restore(&parts) {
             *lock(&self.failure) = Some(TxnError::State(e.to_string()));
         }
+    }
+
+    /// When the consumer's session last timed out: librdkafka had no answer from the group
+    /// coordinator for `session.timeout.ms`, dropped its member id and joins again
+    /// ([`crate::fence::ConsumerEnd::FencedAfterSessionTimeout`]).
+    pub fn session_timed_out(&self) -> Option<Instant> {
+        *lock(&self.session_timed_out)
     }
 
     /// The fatal error a callback raised since the last call, if any.
@@ -56,6 +73,15 @@ impl SourceContext {
 }
 
 impl ClientContext for SourceContext {
+    /// librdkafka's logs go where every client's go; its session timeout (`SESSTMOUT`, the
+    /// only sign of it librdkafka gives) is noted first.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac == SESSION_TIMEOUT_LOG {
+            *lock(&self.session_timed_out) = Some(Instant::now());
+        }
+        DefaultClientContext.log(level, fac, log_message);
+    }
+
     fn stats(&self, statistics: rdkafka::Statistics) {
         telemetry::client_statistics("consumer", &statistics);
     }

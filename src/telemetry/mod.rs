@@ -153,8 +153,14 @@ pub fn stalled(gap: Duration, limit: Duration) {
 }
 
 /// Another member took this instance's id; the job joins again once.
-pub fn rejoining_after_fence(error: &dyn std::fmt::Display, after: Duration) {
-    warn!(%error, after_s = after.as_secs_f64(), "fenced (by a member with the same group.instance.id, or by a failover of the group coordinator); joining again");
+/// The consumer was fenced and joins again; `own_session` when it was fenced for its own
+/// membership, which expired a moment before (its session timed out).
+pub fn rejoining_after_fence(error: &dyn std::fmt::Display, own_session: bool, after: Duration) {
+    if own_session {
+        warn!(%error, after_s = after.as_secs_f64(), "fenced for this member's own previous membership, whose session had just timed out (a failover of the group coordinator); joining again, not counted as a fence by another process");
+    } else {
+        warn!(%error, after_s = after.as_secs_f64(), "fenced (by a member with the same group.instance.id, or by a failover of the group coordinator); joining again");
+    }
 }
 
 pub fn fatal(error: &dyn std::fmt::Display) {

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod mock;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
