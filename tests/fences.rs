@@ -176,6 +176,7 @@ fn a_fence_of_the_members_own_expired_session_does_not_count_against_it() {
         start,
     );
     let second = fenced.elapsed();
+    eprintln!("the job joined again and committed {second:?} after the first fence");
     assert!(
         second < FENCE_WINDOW,
         "the second fence came {second:?} after the first: outside the rule's window, the test \
