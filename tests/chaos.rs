@@ -41,6 +41,9 @@
 //! - `ONCEFLOW_CHAOS_RECORDS`: at least this many ids per round (100,000): the input goes on
 //!   after the last fault until they are sent; `ONCEFLOW_CHAOS_RATE`: ids a second (1,000);
 //! - `ONCEFLOW_CHAOS_KINDS`: the fault kinds, comma-separated (default: all);
+//!   `ONCEFLOW_CHAOS_ORDER=given`: the faults in that order, the list played `REPEAT` times
+//!   (to follow one kind by another: `zombie,broker-kill-group-coordinator`), instead of in a
+//!   random order;
 //! - `ONCEFLOW_CHAOS_OUT`: where the report and the logs go (`target/chaos/<unix time>`).
 
 mod common;
@@ -124,6 +127,8 @@ struct Config {
     records: u64,
     rate: u64,
     kinds: Vec<Kind>,
+    /// The faults in the order of `kinds`, not shuffled.
+    given_order: bool,
     out_dir: PathBuf,
     cluster: Cluster,
     pg_url: String,
@@ -158,6 +163,13 @@ impl Config {
             records: number("ONCEFLOW_CHAOS_RECORDS", 100_000),
             rate: number("ONCEFLOW_CHAOS_RATE", 1_000),
             kinds,
+            given_order: match var("ONCEFLOW_CHAOS_ORDER").as_deref() {
+                None | Some("random") => false,
+                Some("given") => true,
+                Some(other) => {
+                    panic!("ONCEFLOW_CHAOS_ORDER: `{other}` is neither `random` nor `given`")
+                }
+            },
             out_dir,
             cluster: Cluster::from_env().unwrap_or_else(|e| {
                 panic!("the chaos suite acts on the cluster of scripts/kafka: {e}")
@@ -1038,13 +1050,18 @@ fn run_round(cfg: &Config, number: usize, seed: u64) -> RoundResult {
         round.fleet.idle(Duration::from_millis(500));
     }
 
-    // The faults, in a random order, each at a random moment.
-    let mut schedule: Vec<Kind> = cfg
-        .kinds
-        .iter()
-        .flat_map(|k| std::iter::repeat_n(*k, cfg.repeat))
-        .collect();
-    schedule.shuffle(&mut rng);
+    // The faults, in a random order (or as given), each at a random moment.
+    let schedule: Vec<Kind> = if cfg.given_order {
+        (0..cfg.repeat).flat_map(|_| cfg.kinds.clone()).collect()
+    } else {
+        let mut all: Vec<Kind> = cfg
+            .kinds
+            .iter()
+            .flat_map(|k| std::iter::repeat_n(*k, cfg.repeat))
+            .collect();
+        all.shuffle(&mut rng);
+        all
+    };
     round.fleet.note(
         "harness",
         format!(
